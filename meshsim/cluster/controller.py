@@ -1,0 +1,248 @@
+"""The controller: hosts the store, owns the workers, runs plans under a deadline."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import tempfile
+import time
+import weakref
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+from ..topology import Topology
+from ..worker.main import TORCH_MARGIN_S, WorkerSpec
+from .generation import PRELOAD, ClusterError, Generation
+from .record import RankState, RunRecord
+
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto")
+DEATH_GRACE_S = 1.0  # after a rank dies, how long the others get to finish before the run is called
+_open_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+def resolve_backend(backend: str, world: int) -> str:
+    """'auto' -> nccl when there is a GPU for every rank, else gloo; nccl without enough GPUs is an error."""
+    if backend not in BACKENDS:
+        raise ClusterError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "gloo":
+        return backend
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world else "gloo"
+    if gpus < world:
+        raise ClusterError(f"backend {backend} runs one rank per GPU: {world} ranks need {world} GPUs, "
+                           f"{gpus} visible")
+    return backend
+
+
+class Cluster:
+    """H simulated hosts x D devices of real torch.distributed ranks, started once, reused for many plans.
+
+    >>> with Cluster(Topology(hosts=2, devices_per_host=4)) as cluster:
+    ...     result = cluster.run(plan)
+    """
+
+    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = 30.0,
+                 start_timeout: float = 120.0):
+        self.topology = topology
+        self.requested_backend = backend
+        self.backend = resolve_backend(backend, topology.world)
+        self.deadline = deadline
+        self.start_timeout = start_timeout
+        self.generation: Generation | None = None
+        self.generations_started = 0
+        self.plans_run = 0
+        self._store: Any = None
+        self._port = 0
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._ctx: Any = None
+
+    # ------------------------------------------------------------------ life cycle
+
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def __enter__(self) -> "Cluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> "Cluster":
+        if self._store is not None:
+            return self
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="meshsim-")
+        # The store listens on loopback only: TCPStore binds every interface unless handed a socket.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        self._port = listener.getsockname()[1]
+        self._store = dist.TCPStore("127.0.0.1", self._port, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=self.start_timeout),
+                                    master_listen_fd=listener.fileno())
+        listener.detach()  # the store owns the socket now
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(PRELOAD)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        _open_clusters.add(self)
+        try:
+            self._new_generation()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _new_generation(self) -> Generation:
+        self.generations_started += 1
+        number = self.generations_started
+        specs = [
+            WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
+                       self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
+                       max(self.deadline, 30.0) + TORCH_MARGIN_S)
+            for rank in range(self.world)
+        ]
+        generation = Generation(number)
+        self.generation = generation
+        generation.start(self._ctx, specs, self.start_timeout)
+        return generation
+
+    def _ensure_generation(self) -> Generation:
+        if self._store is None:
+            raise ClusterError("the cluster is not started (use `with Cluster(...)` or .start())")
+        if self.generation is None:
+            return self._new_generation()
+        return self.generation
+
+    def restart(self) -> None:
+        """Kill the workers; fresh ones start for the next plan."""
+        if self.generation is not None:
+            self.generation.kill()
+            self.generation = None
+
+    def close(self) -> None:
+        if self.generation is not None:
+            self.generation.stop()
+            self.generation = None
+        self._store = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        _open_clusters.discard(self)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.generation.workers] if self.generation else []
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, plan: Any, deadline: float | None = None, predict_with: Callable | None = None) -> Any:
+        """Run a plan on every rank and judge it against the model. Returns a meshsim.verdict.Result."""
+        from ..plan import validate
+        from ..verdict import judge
+
+        validate(plan, self.world)
+        deadline = self.deadline if deadline is None else deadline
+        record, prediction = self.execute(("plan", plan, deadline), deadline, plan, predict_with)
+        self.plans_run += 1
+        return judge(plan, prediction, record)
+
+    def execute(self, message: tuple, deadline: float, plan: Any = None,
+                predict_with: Callable | None = None) -> tuple[RunRecord, Any]:
+        """Send one command to every rank and follow it to its end; the model runs meanwhile."""
+        from ..model import predict
+
+        generation = self._ensure_generation()
+        started = time.monotonic()
+        generation.send(message)
+        prediction = (predict_with or predict)(plan, self.world, deadline) if plan is not None else None
+        record = self._follow(generation, started, deadline)
+        if record.timed_out or record.died:
+            record.stacks = generation.stacks(record.stuck)
+            for rank, text in record.stacks.items():
+                record.states[rank].stack = text
+            self.restart()
+        else:
+            generation.send(("teardown",))
+        return record, prediction
+
+    def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
+        states = [RankState(w.rank) for w in generation.workers]
+        by_conn = {w.conn: w for w in generation.workers}
+        by_sentinel = {w.process.sentinel: w for w in generation.workers}
+        pending = {w.rank for w in generation.workers}
+        hard = started + deadline
+        first_death: float | None = None
+        while pending:
+            limit = hard if first_death is None else min(hard, first_death + DEATH_GRACE_S)
+            left = limit - time.monotonic()
+            if left <= 0:
+                break
+            live = [w for w in generation.workers if w.rank in pending]
+            for ready in wait([w.conn for w in live] + [w.process.sentinel for w in live], timeout=left):
+                worker = by_conn.get(ready) or by_sentinel[ready]
+                if worker.rank not in pending:
+                    continue
+                status = self._drain(worker, states[worker.rank])
+                if status == "result":
+                    pending.discard(worker.rank)
+                elif status == "eof" or ready in by_sentinel:
+                    worker.process.join(0.5)
+                    self._drain(worker, states[worker.rank])
+                    state = states[worker.rank]
+                    state.end, state.exitcode = "died", worker.process.exitcode
+                    pending.discard(worker.rank)
+                    first_death = first_death or time.monotonic()
+        for rank in pending:
+            states[rank].end = "stuck"
+        return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
+
+    @staticmethod
+    def _drain(worker: Any, state: RankState) -> str:
+        """Read what the worker sent: 'result' once its result is in, 'eof' if it is gone, else 'more'."""
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                kind = message[0]
+                if kind == "result":
+                    state.observations, state.end, state.end_step = message[1], message[2], message[3]
+                    state.done = True
+                    return "result"
+                if kind == "fn_result":
+                    ok, state.value = message[1], message[2]
+                    state.end, state.done = ("finished" if ok else "raised"), True
+                    return "result"
+                state.on_event(message)
+        except (EOFError, OSError):
+            return "eof"
+        return "more"
+
+    def run_fn(self, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
+        """Run fn(*args, **kwargs) on every rank (closures and lambdas too); see meshsim.functions."""
+        from ..functions import run_function
+
+        return run_function(self, fn, args, kwargs, deadline)
+
+
+def _close_all() -> None:
+    for cluster in list(_open_clusters):
+        try:
+            cluster.close()
+        except Exception:
+            pass
+
+
+atexit.register(_close_all)

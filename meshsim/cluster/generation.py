@@ -1,0 +1,141 @@
+"""One generation of worker processes: started together, killed together when a plan goes wrong."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ..worker.main import STACK_SIGNAL, WorkerSpec, worker_main
+
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "meshsim.worker.main",
+           "meshsim.worker.execute"]
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start or cannot serve (bad backend, too few GPUs, a rank that fails to join)."""
+
+
+@dataclass
+class Worker:
+    rank: int
+    process: Any
+    conn: Connection
+    stack_file: str
+    pid: int = 0
+    stack_offset: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process.exitcode is None
+
+
+@dataclass
+class Generation:
+    number: int
+    workers: list[Worker] = field(default_factory=list)
+    lifeline: Connection | None = None  # write end; when it closes, every worker of this generation exits
+
+    def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float) -> None:
+        reader, self.lifeline = ctx.Pipe(duplex=False)
+        try:
+            for spec in specs:
+                parent, child = ctx.Pipe()
+                process = ctx.Process(target=worker_main, args=(spec, child, reader), daemon=True,
+                                      name=f"meshsim-rank{spec.rank}")
+                process.start()
+                child.close()
+                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file))
+        finally:
+            reader.close()
+        self._await_ready(timeout_s)
+
+    def _await_ready(self, timeout_s: float) -> None:
+        waiting = {w.conn: w for w in self.workers}
+        end = time.monotonic() + timeout_s
+        while waiting:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise ClusterError(f"ranks {sorted(w.rank for w in waiting.values())} did not join within {timeout_s:.0f} s")
+            for conn in wait(list(waiting), timeout=left):
+                worker = waiting.pop(conn)
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    worker.process.join(1.0)
+                    raise ClusterError(
+                        f"rank {worker.rank} died while starting (exit code {worker.process.exitcode}); "
+                        "a script that starts a cluster must do so under `if __name__ == \"__main__\":`"
+                    ) from None
+                if message[0] != "ready":
+                    raise ClusterError(f"rank {worker.rank} could not join the world: {message[1]}")
+                worker.pid = message[1]
+
+    def send(self, message: tuple) -> None:
+        for worker in self.workers:
+            if worker.alive:
+                try:
+                    worker.conn.send(message)
+                except (BrokenPipeError, OSError):
+                    pass
+
+    def stacks(self, ranks: list[int], settle_s: float = 0.2) -> dict[int, str]:
+        """Python stacks of the given live ranks, dumped by faulthandler (works inside C++ waits too)."""
+        targets = [w for w in self.workers if w.rank in ranks and w.alive]
+        for worker in targets:
+            try:
+                os.kill(worker.pid, STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+        time.sleep(settle_s)
+        out = {}
+        for worker in targets:
+            try:
+                with open(worker.stack_file) as fh:
+                    fh.seek(worker.stack_offset)
+                    text = fh.read()
+                    worker.stack_offset = fh.tell()
+            except OSError:
+                text = ""
+            out[worker.rank] = text
+        return out
+
+    def kill(self) -> None:
+        for worker in self.workers:
+            if worker.alive and worker.pid:
+                try:
+                    os.kill(worker.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            elif worker.alive:
+                worker.process.kill()
+        self._reap(5.0)
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        self.send(("stop",))
+        if self.lifeline is not None:
+            self.lifeline.close()
+            self.lifeline = None
+        self._reap(timeout_s)
+        if any(w.alive for w in self.workers):
+            self.kill()
+
+    def _reap(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        for worker in self.workers:
+            worker.process.join(max(0.0, end - time.monotonic()))
+            if worker.process.exitcode is None:
+                worker.process.kill()
+                worker.process.join(1.0)
+        for worker in self.workers:
+            worker.conn.close()
+            try:
+                os.unlink(worker.stack_file)
+            except OSError:
+                pass
+        if self.lifeline is not None:
+            self.lifeline.close()
+            self.lifeline = None

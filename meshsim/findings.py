@@ -1,0 +1,111 @@
+"""Findings: where torch's DeviceMesh disagrees with its docs, or is itself wrong, on the versions listed.
+
+The model predicts the right value *and* torch's value for each of these. An observation equal to torch's
+value is reported as the finding (not a failure, unless the run is strict); anything else that differs from
+the model is a failure. A finding whose version range excludes the running torch is not excused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    title: str
+    kind: str  # "docs-vs-code" | "torch-wrong" | "torch-inconsistent"
+    detail: str
+    since: str  # first torch version it is known on (inclusive)
+    until: str | None = None  # first version known fixed (exclusive), None when still present
+    verified_on: tuple[str, ...] = ("2.13.0",)
+
+    def applies(self, version: str) -> bool:
+        v = _parse(version)
+        return v >= _parse(self.since) and (self.until is None or v < _parse(self.until))
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    core = version.split("+")[0]
+    parts = []
+    for piece in core.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+REGISTRY: dict[str, Finding] = {
+    f.id: f
+    for f in (
+        Finding(
+            "slice-order-docstring", "Slicing in non-ascending order raises, though the docstring shows it working",
+            "docs-vs-code",
+            'DeviceMesh.__getitem__\'s docstring says mesh_3d["cp", "dp"] returns [[0, 4], [1, 5]]; the code '
+            'raises KeyError("Mesh dim indices should be in ascending order"). meshsim expects the KeyError.',
+            since="2.4.0",
+        ),
+        Finding(
+            "group-rank-order", "Group ranks are sorted, so group rank != mesh coordinate on non-monotonic layouts",
+            "torch-wrong",
+            "new_group sorts its ranks, so for a mesh laid out as [[7,6,5,4],[3,2,1,0]] get_local_rank(d), "
+            "get_process_group_ranks, all_gather order and the broadcast source follow sorted rank order, not "
+            "the mesh's coordinate along d (which get_coordinate() reports). DTensor shards by group rank, so "
+            "rank 3 at coordinate 0 of mesh [3,2,1,0] holds chunk 3. Right: group order = mesh order.",
+            since="2.2.0",
+        ),
+        Finding(
+            "repeated-rank-accepted", "An explicit mesh that names a rank twice is not rejected",
+            "torch-inconsistent",
+            "DeviceMesh('cpu', [[0, 1], [1, 2]]) is accepted: one rank raises 'Each device mesh dimension should "
+            "get only one process group' while the others go on building groups that rank never joins, so the "
+            "run derails. Right: every rank rejects the mesh.",
+            since="2.2.0",
+        ),
+        Finding(
+            "devicemesh-names-unchecked", "DeviceMesh(...) does not check mesh_dim_names",
+            "torch-inconsistent",
+            "init_device_mesh rejects repeated names and a names/shape length mismatch; DeviceMesh(...) "
+            "accepts repeated names (slicing then finds the first) and a longer tuple, and fails with "
+            "IndexError on a shorter one after creating some groups. Right: the same checks as init_device_mesh.",
+            since="2.2.0",
+        ),
+        Finding(
+            "unflatten-duplicate-names", "_unflatten accepts names that repeat the mesh's other dim names",
+            "torch-inconsistent",
+            "mesh._unflatten(d, sizes, names) does not check the resulting mesh_dim_names for repeats; the mesh "
+            "it returns cannot address the shadowed dim by name. Right: reject, as init_device_mesh does.",
+            since="2.9.0",
+        ),
+        Finding(
+            "get-group-name-shadowed-by-flatten", "get_group(name) prefers the root's flattened dims over the mesh's own",
+            "torch-wrong",
+            "get_group/get_local_rank look a name up in the root mesh's _flatten_mapping before the mesh's own "
+            "dims, so a mesh whose dim shares a name with a flattened dim of its root answers with the "
+            "flattened group. Right: the mesh's own dim.",
+            since="2.9.0",
+        ),
+        Finding(
+            "gloo-size-mismatch-silent", "gloo all_reduce with different tensor sizes across ranks",
+            "torch-wrong",
+            "Ranks passing tensors of different sizes to one all_reduce on gloo are not told; results can be "
+            "wrong. TORCH_DISTRIBUTED_DEBUG=DETAIL catches it at a cost. Right: an error on every rank.",
+            since="2.0.0",
+        ),
+        Finding(
+            "localtensormode-not-an-oracle", "LocalTensorMode gets per-rank results wrong for irregular rank maps",
+            "torch-wrong",
+            "torch.distributed._local_tensor.LocalTensorMode computes per-rank results of meshes such as "
+            "[[0,1,2,5],[4,3,6,7]] incorrectly, so it cannot stand in for real ranks. meshsim uses real ranks.",
+            since="2.9.0",
+        ),
+    )
+}
+
+
+def get(finding_id: str) -> Finding:
+    return REGISTRY[finding_id]
+
+
+def applies(finding_id: str, version: str) -> bool:
+    finding = REGISTRY.get(finding_id)
+    return finding is not None and finding.applies(version)

@@ -1,0 +1,79 @@
+"""What the model predicts a rank observes: plain JSON values, errors, and quirks (spec vs torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Err:
+    """An exception of `type` whose message contains `match` (type None: any exception)."""
+
+    type: str | None
+    match: str = ""
+
+    def matches(self, observed: Any) -> bool:
+        if not is_error(observed):
+            return False
+        kind, message = observed["error"]
+        return (self.type is None or kind == self.type) and self.match.lower() in message.lower()
+
+    def to_json(self) -> dict:
+        return {"error": [self.type or "any exception", self.match]}
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """Where torch does something other than what is right: both values, and the finding explaining it."""
+
+    right: Any
+    torch: Any
+    finding: str
+
+
+class ModelRaise(Exception):
+    """Raised inside the model where torch raises; carries the expected error."""
+
+    def __init__(self, err: Err | Quirk):
+        super().__init__(err)
+        self.err = err
+
+
+def is_error(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"error"}
+
+
+def error_value(exc: BaseException) -> dict:
+    """How a worker records an exception it caught."""
+    message = str(exc.args[0]) if len(exc.args) == 1 else " ".join(str(a) for a in exc.args)
+    return {"error": [type(exc).__name__, message]}
+
+
+def to_json(value: Any) -> Any:
+    """An expectation as plain JSON (for reports and scenario files)."""
+    if isinstance(value, Err):
+        return value.to_json()
+    if isinstance(value, Quirk):
+        return {"right": to_json(value.right), "torch": to_json(value.torch), "finding": value.finding}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def quirk(right: Any, torch: Any, finding: str) -> Any:
+    """A Quirk only where the two differ."""
+    return right if right == torch else Quirk(right, torch, finding)
+
+
+def torch_side(value: Any) -> Any:
+    """What torch itself is predicted to show (quirks resolved to torch's side)."""
+    if isinstance(value, Quirk):
+        return torch_side(value.torch)
+    if isinstance(value, dict):
+        return {k: torch_side(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [torch_side(v) for v in value]
+    return value

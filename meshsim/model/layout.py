@@ -1,0 +1,167 @@
+"""Index algebra for meshes, pure Python.
+
+A mesh is a view over its root's *rank map* (the root's ranks in row-major order). Each mesh dimension is a
+tuple of modes ``(size, stride)``, outermost first, over positions in that rank map: coordinate ``c`` of a
+dimension maps to ``sum(c_i * stride_i)`` where ``c_i`` enumerates the modes lexicographically. A dimension
+made by flattening non-adjacent dimensions has several modes; an ordinary one has one mode; a size-1
+dimension has none. Every dimension is kept in canonical form (size-1 modes dropped, adjacent modes that
+enumerate consecutive positions merged), so equal dimensions compare equal.
+
+The positions a whole mesh covers form one *replica*; the root's rank map is tiled by replicas whose base
+positions are the smallest positions not yet covered (a slice ``mesh["tp"]`` of a 2x4 mesh has two
+replicas: [0..3] and [4..7]).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from itertools import product
+
+Mode = tuple[int, int]
+Dim = tuple[Mode, ...]
+Layout = tuple[Dim, ...]
+
+
+class LayoutError(ValueError):
+    """The requested layout cannot exist (not decomposable, overlapping)."""
+
+
+def canonical(modes: tuple[Mode, ...] | list[Mode]) -> Dim:
+    """Drop size-1 modes and merge neighbours whose positions continue each other."""
+    out: list[list[int]] = []
+    for size, stride in reversed([m for m in modes if m[0] != 1]):  # innermost first
+        if out and out[-1][0] * out[-1][1] == stride:
+            out[-1][0] *= size
+        else:
+            out.append([size, stride])
+    return tuple((s, d) for s, d in reversed(out))
+
+
+def row_major(shape: tuple[int, ...]) -> Layout:
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    return tuple(canonical(((s, d),)) for s, d in zip(shape, strides))
+
+
+def size_of(dim: Dim) -> int:
+    return math.prod(s for s, _ in dim)
+
+
+def sizes_of(layout: Layout) -> tuple[int, ...]:
+    return tuple(size_of(d) for d in layout)
+
+
+@lru_cache(maxsize=4096)
+def positions(dim: Dim) -> tuple[int, ...]:
+    """Positions of a dimension's coordinates, in coordinate order."""
+    if not dim:
+        return (0,)
+    return tuple(sum(c * d for c, (_, d) in zip(coord, dim)) for coord in product(*(range(s) for s, _ in dim)))
+
+
+def collapse(layout: Layout) -> Dim:
+    """All dimensions merged into one, in row-major order of the layout."""
+    return canonical(tuple(m for dim in layout for m in dim))
+
+
+def is_descending(dim: Dim) -> bool:
+    """Whether the modes go from outer to inner in the root (strides never grow)."""
+    strides = [d for _, d in dim]
+    return strides == sorted(strides, reverse=True)
+
+
+@lru_cache(maxsize=4096)
+def is_disjoint(dim: Dim) -> bool:
+    """Whether no two coordinates share a position."""
+    pos = positions(dim)
+    return len(set(pos)) == len(pos)
+
+
+@lru_cache(maxsize=4096)
+def replica_bases(dim: Dim, extent: int) -> tuple[int, ...]:
+    """Base positions of the replicas of `dim` that tile [0, extent), smallest first."""
+    covered = positions(dim)
+    used = bytearray(extent)
+    bases = []
+    for base in range(extent):
+        if used[base]:
+            continue
+        for p in covered:
+            q = base + p
+            if q >= extent or used[q]:
+                raise LayoutError(f"layout {dim} does not tile {extent} positions")
+            used[q] = 1
+        bases.append(base)
+    return tuple(bases)
+
+
+@lru_cache(maxsize=4096)
+def cell_positions(layout: Layout) -> tuple[int, ...]:
+    """Positions of every cell of one replica (base 0), in row-major coordinate order."""
+    per_dim = [positions(d) for d in layout]
+    return tuple(sum(parts) for parts in product(*per_dim))
+
+
+def coordinates(layout: Layout) -> list[tuple[int, ...]]:
+    return list(product(*(range(s) for s in sizes_of(layout))))
+
+
+def replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every replica's ranks in row-major order of the layout (flat)."""
+    cells = cell_positions(layout)
+    return [tuple(rank_map[b + p] for p in cells) for b in replica_bases(collapse(layout), len(rank_map))]
+
+
+def nest(flat: tuple[int, ...] | list[int], shape: tuple[int, ...]) -> list:
+    """Row-major flat list -> nested lists of `shape`."""
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return list(flat)
+    step = math.prod(shape[1:])
+    return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def dim_groups(dim: Dim, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The process groups along one dimension: one per replica of that dimension, in mesh order."""
+    return replicas((dim,), rank_map)
+
+
+def modes_from_positions(pos: tuple[int, ...]) -> Dim:
+    """Inverse of positions(): the canonical modes enumerating exactly `pos`, or LayoutError."""
+    n = len(pos)
+    if n == 1:
+        if pos[0] != 0:
+            raise LayoutError("a dimension must start at position 0")
+        return ()
+    if pos[0] != 0:
+        raise LayoutError("a dimension must start at position 0")
+    stride = pos[1] - pos[0]
+    if stride <= 0:
+        raise LayoutError(f"positions {pos} are not strided")
+    run = 1
+    while run < n and pos[run] == run * stride:
+        run += 1
+    if n % run:
+        raise LayoutError(f"positions {pos} are not a product of strided runs")
+    for block in range(n // run):
+        base = pos[block * run]
+        if any(pos[block * run + i] != base + i * stride for i in range(run)):
+            raise LayoutError(f"positions {pos} are not a product of strided runs")
+    outer = modes_from_positions(pos[::run])
+    return canonical(outer + ((run, stride),))
+
+
+def split(dim: Dim, sizes: tuple[int, ...]) -> Layout:
+    """Unflatten: dimension `dim` reshaped row-major into `sizes` (product must match)."""
+    pos = positions(dim)
+    inner = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    parts = [tuple(pos[c * inner[i]] for c in range(s)) for i, s in enumerate(sizes)]
+    for flat, coord in enumerate(product(*(range(s) for s in sizes))):
+        if pos[flat] != sum(part[c] for part, c in zip(parts, coord)):
+            raise LayoutError(f"dimension {dim} cannot be split into {sizes}")
+    return tuple(modes_from_positions(part) for part in parts)
+
+
+def layout_of_shape(shape: tuple[int, ...]) -> Layout:
+    return row_major(shape)

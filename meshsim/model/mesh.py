@@ -1,0 +1,463 @@
+"""DeviceMesh as one rank sees it, emulated in pure Python.
+
+The emulator's *state* (which groups exist, which meshes a call returns) follows what torch's code does,
+because later steps depend on it; where torch's answer is wrong or undocumented, the *observation* carries a
+Quirk with the right value beside torch's, naming the finding (see meshsim.findings).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import layout as L
+from .expect import Err, ModelRaise, Quirk, quirk
+
+WORLD_KEY = ("world",)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group: `ranks` in torch's group-rank order (sorted), `order` in mesh order."""
+
+    key: tuple  # identity shared by every member: ("world",) or (creation counter, ranks)
+    ranks: tuple[int, ...]
+    order: tuple[int, ...]
+
+    def group_rank(self, rank: int) -> int:
+        return self.ranks.index(rank) if rank in self.ranks else -1
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call that blocks until every member of its group reaches the same call."""
+
+    kind: str  # "create" or a collective name
+    key: tuple  # group identity (+ per-group sequence number for collectives)
+    members: tuple[int, ...]
+    step: int
+    detail: tuple = ()  # what must also agree (collective numel/src)
+
+    def describe(self) -> str:
+        if self.kind == "create":
+            return f"new_group({list(self.members)}) #{self.key[0]}"
+        return f"{self.kind} on group {list(self.members)}"
+
+
+@dataclass(eq=False)
+class MeshModel:
+    layout: L.Layout
+    rank_map: tuple[int, ...]
+    names: tuple[str, ...] | None
+    root: "MeshModel | None"
+    rank: int
+    groups: list[Group] = field(default_factory=list)  # this rank's group per dim ([] when not a member)
+    flatten_mapping: dict[str, "MeshModel"] = field(default_factory=dict)
+    view: Any = None  # the `mesh` property: nested ranks, or an Err
+    coordinate: tuple[int, ...] | None = None
+    creation_quirk: Quirk | None = None  # torch built it although it should have refused
+
+    @property
+    def root_mesh(self) -> "MeshModel":
+        return self.root if self.root is not None else self
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return L.sizes_of(self.layout)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.layout)
+
+    def same_as(self, other: "MeshModel") -> bool:
+        """torch's DeviceMesh.__eq__: same rank map, layout and names."""
+        return self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
+
+
+class RankModel:
+    """Every DeviceMesh call of the plan language, on one rank."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank = rank
+        self.world = world
+        self.group_counter = 0  # torch's _world.group_count: every new_group call bumps it on every rank
+        self.calls: list[Call] = []
+        self.seq: dict[tuple, int] = {}
+        self.step = -1
+        self.findings: set[str] = set()
+        self.world_group = Group(WORLD_KEY, tuple(range(world)), tuple(range(world)))
+
+    # ------------------------------------------------------------------ groups and calls
+
+    def new_group(self, ranks: list[int], order: tuple[int, ...] | None = None) -> Group | None:
+        """dist.new_group(ranks): every rank calls it; members block until all members have."""
+        ranks_sorted = sorted(ranks)
+        if len(set(ranks_sorted)) != len(ranks_sorted):
+            raise ModelRaise(Err("ValueError", "ranks list must not contain duplicate entries"))
+        if len(ranks_sorted) > self.world:
+            raise ModelRaise(Err("ValueError", "the new group's world size should be less or equal"))
+        for r in ranks_sorted:
+            if r < 0 or r >= self.world:
+                raise ModelRaise(Err("ValueError", f"Rank {r} is out of range"))
+        name = self.group_counter
+        self.group_counter += 1
+        if self.rank not in ranks_sorted:
+            return None
+        key = (name, tuple(ranks_sorted))
+        self.calls.append(Call("create", key, tuple(ranks_sorted), self.step))
+        return Group(key, tuple(ranks_sorted), tuple(order) if order is not None else tuple(ranks_sorted))
+
+    def collective(self, op: str, group: Group, detail: tuple = ()) -> None:
+        n = self.seq.get(group.key, 0)
+        self.seq[group.key] = n + 1
+        self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail))
+
+    def _init_process_groups(self, layout: L.Layout, rank_map: tuple[int, ...],
+                             names: tuple[str, ...] | None) -> list[Group]:
+        """DeviceMesh._init_process_groups: one group per replica of every dim, in mesh order."""
+        found: list[Group | None] = []
+        for index, dim in enumerate(layout):
+            if names and index >= len(names):
+                raise ModelRaise(Err("IndexError", "tuple index out of range"))
+            found.append(self._init_one_group(dim, rank_map))
+        present = [g for g in found if g is not None]
+        if present and len(present) != len(found):
+            raise ModelRaise(Err("AssertionError", ""))
+        return present
+
+    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...]) -> Group | None:
+        if L.size_of(dim) == self.world:
+            # A dim spanning the world reuses the default group (whatever order the mesh gives it).
+            order = L.dim_groups(dim, rank_map)[0]
+            return Group(WORLD_KEY, self.world_group.ranks, order)
+        mine = None
+        for ranks in L.dim_groups(dim, rank_map):
+            group = self.new_group(list(ranks), order=ranks)
+            if group is not None:
+                if mine is not None:
+                    raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
+                mine = group
+        return mine
+
+    # ------------------------------------------------------------------ construction
+
+    def construct(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
+                  root: MeshModel | None, init_backend: bool) -> MeshModel:
+        """DeviceMesh.__init__ with a layout over a rank map."""
+        mesh = MeshModel(layout, rank_map, tuple(names) if names else None, root, self.rank)
+        if init_backend:
+            numel = math.prod(L.sizes_of(layout))
+            if numel > self.world:
+                raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
+            mesh.groups = self._init_process_groups(layout, rank_map, mesh.names)
+        mesh.view = self._view(layout, rank_map)
+        if isinstance(mesh.view, Err):
+            raise ModelRaise(mesh.view)  # __init__ reads the mesh property to find this rank's coordinate
+        mesh.coordinate = _find(mesh.view, self.rank, L.sizes_of(layout))
+        return mesh
+
+    def _view(self, layout: L.Layout, rank_map: tuple[int, ...]) -> Any:
+        """The `mesh` property: the replica holding this rank (or the only one)."""
+        try:
+            reps = L.replicas(layout, rank_map)
+        except L.LayoutError as exc:
+            return Err("RuntimeError", str(exc))
+        shape = L.sizes_of(layout)
+        if len(reps) == 1:
+            return L.nest(reps[0], shape)
+        for rep in reps:
+            if self.rank in rep:
+                return L.nest(rep, shape)
+        return Err("RuntimeError", "In order to get the mesh Tensor of a DeviceMesh it needs to")
+
+    def init_device_mesh(self, shape: list[int], names: list[str] | None) -> MeshModel:
+        if names is not None:
+            if len(set(names)) != len(names):
+                raise ModelRaise(Err("RuntimeError", "Each mesh_dim_name must be unique"))
+            if len(shape) != len(names):
+                raise ModelRaise(Err("RuntimeError", "mesh_shape and mesh_dim_names should have same length"))
+        layout = L.row_major(tuple(shape))
+        return self.construct(layout, tuple(range(math.prod(shape))), tuple(names) if names else None, None, True)
+
+    def explicit(self, ranks_flat: list[int], shape: tuple[int, ...], names: list[str] | None,
+                 init_backend: bool = True) -> MeshModel:
+        """DeviceMesh(device_type, mesh=<nested ranks>)."""
+        names_t = tuple(names) if names else None
+        repeated = len(set(ranks_flat)) != len(ranks_flat)
+        bad_names = names_t is not None and (len(set(names_t)) != len(names_t) or len(names_t) != len(shape))
+        if not (repeated or bad_names):
+            return self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend)
+        # torch accepts both; the right answer is to reject them on every rank.
+        finding = "repeated-rank-accepted" if repeated else "devicemesh-names-unchecked"
+        self.findings.add(finding)
+        right = Err(None, "")
+        try:
+            mesh = self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend)
+        except ModelRaise as exc:
+            raise ModelRaise(Quirk(right, exc.err, finding)) from None
+        mesh.creation_quirk = Quirk(right, None, finding)
+        return mesh
+
+    # ------------------------------------------------------------------ derived meshes
+
+    def slice(self, mesh: MeshModel, requested: str | list[str]) -> MeshModel:
+        if not mesh.names:
+            raise ModelRaise(Err("RuntimeError", "Cannot slice a DeviceMesh without mesh_dim_names"))
+        req = (requested,) if isinstance(requested, str) else tuple(requested)
+        if req == mesh.names:
+            return mesh
+        root = mesh.root_mesh
+        from_root = mesh.same_as(root)
+        flat = {k: m.layout[0] for k, m in root.flatten_mapping.items()} if from_root else {}
+        valid = [*mesh.names, *flat]
+        if not all(n in valid for n in req):
+            raise ModelRaise(Err("KeyError", "Valid mesh_dim_names are"))
+        dims = [mesh.layout[mesh.names.index(n)] if n in mesh.names else flat[n] for n in req]
+        merged = L.collapse(tuple(dims))
+        if not L.is_descending(merged):
+            self.findings.add("slice-order-docstring")
+            raise ModelRaise(Quirk(Err("KeyError", "Mesh dim indices should be in ascending order"),
+                                   Err("KeyError", "Mesh dim indices should be in ascending order"),
+                                   "slice-order-docstring"))
+        if not L.is_disjoint(merged):
+            raise ModelRaise(Err("RuntimeError", "Slicing overlapping dim_names"))
+        groups: list[Group] = []
+        if mesh.groups:
+            for n in req:
+                if n in mesh.names:
+                    groups.append(mesh.groups[mesh.names.index(n)])
+                else:
+                    source = mesh.flatten_mapping.get(n)
+                    if source is None:
+                        raise ModelRaise(Err("KeyError", n))
+                    if not source.groups:
+                        raise ModelRaise(Err("IndexError", "list index out of range"))
+                    groups.append(source.groups[0])
+        sub = self.construct(tuple(dims), root.rank_map, req, root, False)
+        sub.groups = groups
+        return sub
+
+    def flatten(self, mesh: MeshModel, name: str | None) -> MeshModel:
+        if not mesh.names:
+            raise ModelRaise(Err("RuntimeError", "Cannot flatten a DeviceMesh without mesh_dim_names"))
+        name = name or "_".join(mesh.names)
+        if mesh.ndim == 1 and name in mesh.names:
+            return mesh
+        root = mesh.root_mesh
+        if root.names is None:
+            raise ModelRaise(Err("TypeError", "Invariant encountered"))
+        if name in root.names:
+            raise ModelRaise(Err("ValueError", "already exists for submesh of the"))
+        flat = (L.collapse(mesh.layout),)
+        existing = root.flatten_mapping.get(name)
+        if existing is not None:
+            if existing.layout == flat:
+                return existing
+            raise ModelRaise(Err("ValueError", "has been created before"))
+        result = self.construct(flat, root.rank_map, (name,), root, True)
+        root.flatten_mapping[name] = result
+        return result
+
+    def unflatten(self, mesh: MeshModel, dim: int | str, sizes: list[int], names: list[str]) -> MeshModel:
+        if isinstance(dim, int) and dim >= mesh.ndim:
+            raise ModelRaise(Err("ValueError", "specified in `_unflatten` is out of range"))
+        if isinstance(dim, str):
+            if mesh.names is None:
+                raise ModelRaise(Err("TypeError", "Invariant encountered"))
+            if dim not in mesh.names:
+                raise ModelRaise(Err("ValueError", "specified in `_unflatten` is not in"))
+        if len(sizes) != len(names):
+            raise ModelRaise(Err("RuntimeError", "mesh_dim_names must have same length as mesh_sizes"))
+        index = mesh.names.index(dim) if isinstance(dim, str) else dim  # type: ignore[union-attr]
+        if index < -mesh.ndim:
+            raise ModelRaise(Err("IndexError", "tuple index out of range"))
+        target = mesh.layout[index]
+        if math.prod(sizes) != L.size_of(target):
+            raise ModelRaise(Err("ValueError", "These must be equal for unflatten to work correctly"))
+        try:
+            parts = L.split(target, tuple(sizes))
+        except L.LayoutError:
+            raise ModelRaise(Err(None, "")) from None
+        if mesh.names is None:
+            raise ModelRaise(Err("TypeError", "Invariant encountered"))
+        axes = list(mesh.layout)
+        axes[index:index + 1] = list(parts)
+        all_names = list(mesh.names)
+        all_names[index:index + 1] = list(names)
+        root = mesh.root_mesh
+        result = self.construct(tuple(axes), root.rank_map, tuple(all_names), root, False)
+        new_groups = self._init_process_groups(parts, root.rank_map, tuple(names))
+        groups = list(mesh.groups)
+        groups[index:index + 1] = new_groups
+        result.groups = groups
+        if len(set(all_names)) != len(all_names):
+            self.findings.add("unflatten-duplicate-names")
+            result.creation_quirk = Quirk(Err(None, ""), None, "unflatten-duplicate-names")
+        return result
+
+    def concatenate(self, meshes: list[MeshModel]) -> MeshModel:
+        axes: list[L.Dim] = []
+        names: list[str] = []
+        groups: list[Group] = []
+        first_map = meshes[0].rank_map
+        for m in meshes:
+            axes.extend(m.layout)
+            if m.names is None:
+                raise ModelRaise(Err("TypeError", "Invariant encountered"))
+            names.extend(m.names)
+            groups.extend(m.groups)
+            if m.rank_map != first_map:
+                raise ModelRaise(Err("RuntimeError", "Cannot concatenate DeviceMeshes derived from different device meshs"))
+        if not L.is_disjoint(L.collapse(tuple(axes))):
+            raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
+        result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False)
+        result.groups = groups
+        return result
+
+    def from_groups(self, groups: list[Group], layout_flat: list[int] | None, shape: tuple[int, ...] | None,
+                    names: list[str] | None, one_d: bool) -> MeshModel:
+        names_t = tuple(names) if names else None
+        if one_d:
+            group = groups[0]
+            ranks = list(group.ranks)
+            if layout_flat is not None and (shape != (len(layout_flat),) or layout_flat != ranks):
+                raise ModelRaise(Err("ValueError", "Invalid mesh"))
+            mesh = self.construct(L.row_major((len(ranks),)), tuple(ranks), names_t, None, False)
+            mesh.groups = [group]
+            return mesh
+        if layout_flat is None or shape is None:
+            raise ModelRaise(Err("ValueError", "Must pass mesh if passing multiple ProcessGroups"))
+        if names_t is None:
+            raise ModelRaise(Err("ValueError", "Must pass mesh_dim_names if passing multiple ProcessGroups"))
+        if len(shape) != len(groups):
+            raise ModelRaise(Err("ValueError", "Expects mesh with ndim equal to number of ProcessGroups"))
+        mesh = self.construct(L.row_major(shape), tuple(layout_flat), names_t, None, False)
+        mesh.groups = list(groups)
+        return mesh
+
+    def all_submeshes(self, mesh: MeshModel, name: str) -> list[MeshModel]:
+        index = self.dim_by_name(mesh, name)
+        out = []
+        for ranks in L.dim_groups(mesh.layout[index], mesh.rank_map):
+            sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False)
+            sub.groups = [mesh.groups[index]] if self.rank in ranks else []
+            out.append(sub)
+        return out
+
+    # ------------------------------------------------------------------ queries
+
+    def dim_by_name(self, mesh: MeshModel, name: str) -> int:
+        if not mesh.names:
+            raise ModelRaise(Err("KeyError", "No `mesh_dim_names` found."))
+        if name not in mesh.names:
+            raise ModelRaise(Err("KeyError", f"Mesh dimension '{name}' does not exist."))
+        return mesh.names.index(name)
+
+    def get_group(self, mesh: MeshModel, dim: int | str | None) -> Group:
+        """What torch's get_group returns."""
+        if mesh.ndim > 1 and dim is None:
+            raise ModelRaise(Err("RuntimeError", "Found the DeviceMesh have"))
+        if dim is None:
+            return _index(mesh.groups, 0)
+        shadow = mesh.root_mesh.flatten_mapping.get(dim) if isinstance(dim, str) else None
+        if shadow is not None:
+            return _index(shadow.groups, 0)
+        index = self.dim_by_name(mesh, dim) if isinstance(dim, str) else dim
+        return _index(mesh.groups, index)
+
+    def group_observation(self, mesh: MeshModel, dim: int | str | None) -> Any:
+        """get_process_group_ranks(get_group(dim)), with the right answer where torch's differs."""
+        group = self.get_group(mesh, dim)
+        right_group = self._own_group(mesh, dim, group)
+        self._note_order(right_group)
+        return quirk(list(right_group.order), list(group.ranks),
+                     "get-group-name-shadowed-by-flatten" if right_group is not group else "group-rank-order")
+
+    def local_rank_observation(self, mesh: MeshModel, dim: int | str | None) -> Any:
+        if mesh.ndim > 1 and dim is None:
+            raise ModelRaise(Err("RuntimeError", "Found the DeviceMesh have"))
+        group = self.get_group(mesh, 0 if dim is None else dim)
+        right_group = self._own_group(mesh, dim, group)
+        self._note_order(right_group)
+        right = right_group.order.index(self.rank) if self.rank in right_group.order else -1
+        finding = "get-group-name-shadowed-by-flatten" if right_group is not group else "group-rank-order"
+        return quirk(right, group.group_rank(self.rank), finding)
+
+    def _own_group(self, mesh: MeshModel, dim: int | str | None, torch_group: Group) -> Group:
+        """The group of the mesh's own dim (torch may answer a by-name query from the root's flattened dims)."""
+        if isinstance(dim, str) and mesh.names and dim in mesh.names and dim in mesh.root_mesh.flatten_mapping:
+            own = _index(mesh.groups, mesh.names.index(dim))
+            if own.ranks != torch_group.ranks or own.order != torch_group.order:
+                self.findings.add("get-group-name-shadowed-by-flatten")
+                return own
+        return torch_group
+
+    def _note_order(self, group: Group) -> None:
+        if group.order != group.ranks:
+            self.findings.add("group-rank-order")
+
+    def size(self, mesh: MeshModel, dim: int | str | None) -> int:
+        if dim is None:
+            return math.prod(mesh.shape)
+        if isinstance(dim, str):
+            raise ModelRaise(Err("TypeError", "tuple indices must be integers or slices, not str"))
+        return L.size_of(_index(mesh.layout, dim, "tuple index out of range"))
+
+    def mesh_view(self, mesh: MeshModel) -> Any:
+        if isinstance(mesh.view, Err):
+            raise ModelRaise(mesh.view)
+        return mesh.view
+
+    # ------------------------------------------------------------------ collectives on a group
+
+    def all_reduce(self, group: Group, numel: int) -> Any:
+        self.collective("all_reduce", group, (numel,))
+        return [r for r in group.ranks if r < numel]
+
+    def all_gather(self, group: Group) -> Any:
+        self.collective("all_gather", group)
+        self._note_order(group)
+        return quirk(list(group.order), list(group.ranks), "group-rank-order")
+
+    def broadcast(self, group: Group, src: int) -> Any:
+        if not 0 <= src < len(group.ranks):
+            raise ModelRaise(Err("ValueError", "Group rank"))
+        self.collective("broadcast", group, (src,))
+        self._note_order(group)
+        return quirk(group.order[src], group.ranks[src], "group-rank-order")
+
+    def barrier(self, group: Group) -> None:
+        self.collective("barrier", group)
+
+
+def _index(seq: Any, index: int, message: str = "list index out of range") -> Any:
+    try:
+        return seq[index]
+    except IndexError:
+        raise ModelRaise(Err("IndexError", message)) from None
+    except TypeError:
+        raise ModelRaise(Err("TypeError", "indices must be integers")) from None
+
+
+def _find(view: Any, rank: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    flat: list[int] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        else:
+            flat.append(v)
+
+    walk(view)
+    if flat.count(rank) > 1:
+        raise ModelRaise(Err("AssertionError", "rank_coords.size(0) must be 0 or 1"))
+    if rank not in flat:
+        return None
+    index = flat.index(rank)
+    coord = []
+    for size in reversed(shape):
+        coord.append(index % size)
+        index //= size
+    return tuple(reversed(coord))

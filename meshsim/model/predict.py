@@ -1,0 +1,391 @@
+"""Predict, for a plan and a world size, what every rank observes and how the run ends."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..plan import Plan, Step, flatten_layout, layout_shape, restrict_view
+from ..plan.ops import COLLECTIVES
+from .expect import Err, ModelRaise, Quirk
+from .mesh import Call, Group, MeshModel, RankModel
+
+SKIPPED = {"skipped": True}  # the step does not run on this rank
+INJECTED = "MeshsimInjectedError"  # type of the exception a `raise` step throws
+
+
+@dataclass
+class RankPrediction:
+    rank: int
+    observations: list[Any] = field(default_factory=list)  # one per step
+    end: str = "finished"  # finished | raised | died
+    end_step: int | None = None
+    calls: list[Call] = field(default_factory=list)
+    slept: float = 0.0
+
+
+@dataclass
+class Stuck:
+    rank: int
+    call: Call
+    missing: tuple[int, ...]
+
+
+@dataclass
+class Prediction:
+    world: int
+    ranks: list[RankPrediction]
+    outcome: Any  # str, or a Quirk when torch ends otherwise than it should
+    stuck: list[Stuck]
+    mismatched: list[tuple[Call, tuple[int, ...]]]
+    culprits: list[int]
+    findings: set[str]
+
+    def expected(self, rank: int, step: int) -> Any:
+        return self.ranks[rank].observations[step]
+
+
+def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction:
+    ranks = [_run_rank(plan, rank, world) for rank in range(world)]
+    findings = set().union(*(r.findings for r in ranks)) if ranks else set()
+    preds = [r.prediction for r in ranks]
+    stuck, mismatched = simulate(preds)
+    outcome = _outcome(preds, stuck, mismatched, deadline)
+    spec_outcome = _spec_outcome(plan, preds, outcome, findings)
+    culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
+    return Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
+
+
+# --------------------------------------------------------------------------------------------- one rank
+
+
+class _RankRun:
+    def __init__(self, plan: Plan, rank: int, world: int):
+        self.model = RankModel(rank, world)
+        self.prediction = RankPrediction(rank)
+        self.handles: dict[str, Any] = {}
+        self.plan = plan
+
+    @property
+    def findings(self) -> set[str]:
+        return self.model.findings
+
+
+def _run_rank(plan: Plan, rank: int, world: int) -> _RankRun:
+    run = _RankRun(plan, rank, world)
+    pred = run.prediction
+    for index, st in enumerate(plan.steps):
+        if pred.end != "finished":
+            pred.observations.append(SKIPPED)
+            continue
+        if not st.runs_on(rank):
+            pred.observations.append(SKIPPED)
+            continue
+        run.model.step = index
+        pred.observations.append(_observe_step(run, st, st.args_for(rank), index))
+    pred.calls = run.model.calls
+    return run
+
+
+def _observe_step(run: _RankRun, st: Step, args: dict, index: int) -> Any:
+    pred = run.prediction
+    if st.op == "sleep":
+        pred.slept += float(args["seconds"])
+        return None
+    if st.op == "raise":
+        pred.end, pred.end_step = "raised", index
+        return Err(INJECTED, args.get("message", ""))
+    if st.op in ("exit", "kill"):
+        pred.end, pred.end_step = "died", index
+        return None
+    try:
+        value = _STEP[st.op](run, args)
+    except ModelRaise as exc:
+        if st.out:
+            run.handles.pop(st.out, None)
+        return exc.err
+    if st.out is not None:
+        run.handles[st.out] = value
+    return _shape_result(run, st.op, value)
+
+
+def _shape_result(run: _RankRun, op: str, value: Any) -> Any:
+    if isinstance(value, MeshModel):
+        return summary(value)
+    if isinstance(value, list) and value and isinstance(value[0], MeshModel):
+        return [summary(m) for m in value]
+    if op == "new_group":
+        return None if value is None else {"ranks": list(value.ranks), "group_rank": value.group_rank(run.model.rank)}
+    return value
+
+
+def summary(mesh: MeshModel) -> Any:
+    obs = {
+        "shape": list(mesh.shape),
+        "ndim": mesh.ndim,
+        "names": list(mesh.names) if mesh.names else None,
+        "coordinate": list(mesh.coordinate) if mesh.coordinate is not None else None,
+        "mesh": mesh.view,
+    }
+    if mesh.creation_quirk is not None:
+        return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
+    return obs
+
+
+def _resolve(run: _RankRun, ref: str) -> Any:
+    name, _, item = ref.partition(".")
+    if name not in run.handles:
+        raise ModelRaise(Err("HandleError", f"handle {name!r} does not exist on this rank"))
+    value = run.handles[name]
+    if item:
+        if not isinstance(value, list) or int(item) >= len(value):
+            raise ModelRaise(Err("HandleError", f"handle {ref!r} does not exist on this rank"))
+        value = value[int(item)]
+    return value
+
+
+def _mesh(run: _RankRun, ref: str) -> MeshModel:
+    value = _resolve(run, ref)
+    if not isinstance(value, MeshModel):
+        raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a mesh"))
+    return value
+
+
+def _init(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.init_device_mesh(list(a["shape"]), a.get("names"))
+
+
+def _explicit(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.explicit(flatten_layout(a["layout"]), layout_shape(a["layout"]) or (), a.get("names"))
+
+
+def _slice(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.slice(_mesh(run, a["src"]), a["names"])
+
+
+def _flatten(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.flatten(_mesh(run, a["src"]), a.get("name"))
+
+
+def _unflatten(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.unflatten(_mesh(run, a["src"]), a["dim"], list(a["sizes"]), list(a["names"]))
+
+
+def _concatenate(run: _RankRun, a: dict) -> MeshModel:
+    return run.model.concatenate([_mesh(run, ref) for ref in a["srcs"]])
+
+
+def _from_group(run: _RankRun, a: dict) -> MeshModel:
+    model = run.model
+    layout = a.get("layout")
+    flat = flatten_layout(layout) if layout is not None else None
+    shape = layout_shape(layout) if layout is not None else None
+    if "group" in a:
+        group = _resolve(run, a["group"])
+        if group is None:
+            raise ModelRaise(Err("TypeError", "not iterable"))
+        return model.from_groups([group], flat, shape, a.get("names"), one_d=True)
+    src = _mesh(run, a["src"])
+    dims = a.get("dims") or list(range(src.ndim))
+    groups = [model.get_group(src, d) for d in dims]
+    names = a.get("names")
+    if names is None and src.names:
+        names = [src.names[d] if isinstance(d, int) else d for d in dims]
+    if len(dims) > 1 and flat is None:
+        if src.coordinate is None:
+            raise ModelRaise(Err("HandleError", "this rank is not in the source mesh"))
+        indices = [src.names.index(d) if isinstance(d, str) else d for d in dims]  # type: ignore[union-attr]
+        flat, shape = restrict_view(model.mesh_view(src), src.coordinate, src.shape, indices)
+    return model.from_groups(groups, flat, shape, names, one_d=len(dims) == 1)
+
+
+def _all_submeshes(run: _RankRun, a: dict) -> list[MeshModel]:
+    return run.model.all_submeshes(_mesh(run, a["src"]), a["dim"])
+
+
+def _new_group(run: _RankRun, a: dict) -> Group | None:
+    return run.model.new_group(list(a["ranks"]))
+
+
+def _query(run: _RankRun, a: dict) -> Any:
+    model, mesh, dim, what = run.model, _mesh(run, a["mesh"]), a.get("dim"), a["what"]
+    if what == "get_group":
+        return model.group_observation(mesh, dim)
+    if what == "get_all_groups":
+        return [model.group_observation(mesh, i) for i in range(mesh.ndim)]
+    if what == "get_local_rank":
+        return model.local_rank_observation(mesh, dim)
+    if what == "get_coordinate":
+        return list(mesh.coordinate) if mesh.coordinate is not None else None
+    if what == "size":
+        return model.size(mesh, dim)
+    if what == "shape":
+        return list(mesh.shape)
+    if what == "ndim":
+        return mesh.ndim
+    if what == "mesh":
+        return model.mesh_view(mesh)
+    return list(mesh.names) if mesh.names else None  # mesh_dim_names
+
+
+def _attempt(fn, *args) -> Any:
+    try:
+        return fn(*args)
+    except ModelRaise as exc:
+        return exc.err
+
+
+def _check(run: _RankRun, a: dict) -> Any:
+    model, mesh = run.model, _mesh(run, a["mesh"])
+    collectives = a.get("collectives", True)
+    obs = summary(mesh)
+    if isinstance(obs, Quirk):
+        obs = obs.torch
+    obs = dict(obs, size=math.prod(mesh.shape), dims=[])
+    for index in range(mesh.ndim):
+        entry: dict[str, Any] = {"size": model.size(mesh, index)}
+        try:
+            group = model.get_group(mesh, index)
+        except ModelRaise as exc:
+            entry["group"] = exc.err
+            obs["dims"].append(entry)
+            continue
+        entry["group"] = model.group_observation(mesh, index)
+        entry["local_rank"] = model.local_rank_observation(mesh, index)
+        if mesh.names:
+            name = mesh.names[index]
+            entry["group_by_name"] = _attempt(model.group_observation, mesh, name)
+            entry["local_rank_by_name"] = _attempt(model.local_rank_observation, mesh, name)
+        if collectives:
+            entry["all_reduce"] = model.all_reduce(group, model.world)
+            entry["all_gather"] = model.all_gather(group)
+            entry["broadcast"] = model.broadcast(group, 0)
+        obs["dims"].append(entry)
+    obs["all_groups"] = _attempt(lambda: [model.group_observation(mesh, i) for i in range(mesh.ndim)])
+    return obs
+
+
+def _collective_group(run: _RankRun, a: dict) -> Group | None:
+    if "group" in a:
+        return _resolve(run, a["group"])
+    return run.model.get_group(_mesh(run, a["mesh"]), a.get("dim"))
+
+
+def _collective(op: str):
+    def step(run: _RankRun, a: dict) -> Any:
+        group = _collective_group(run, a)
+        if group is None:  # not a member of a new_group: torch returns without communicating
+            return None
+        model = run.model
+        if op == "all_reduce":
+            return model.all_reduce(group, a.get("numel", model.world))
+        if op == "all_gather":
+            return model.all_gather(group)
+        if op == "broadcast":
+            return model.broadcast(group, a.get("src", 0))
+        return model.barrier(group)
+
+    return step
+
+
+_STEP = {
+    "init_device_mesh": _init,
+    "mesh": _explicit,
+    "slice": _slice,
+    "flatten": _flatten,
+    "unflatten": _unflatten,
+    "concatenate": _concatenate,
+    "from_group": _from_group,
+    "all_submeshes": _all_submeshes,
+    "new_group": _new_group,
+    "query": _query,
+    "check": _check,
+    **{op: _collective(op) for op in COLLECTIVES},
+}
+
+
+# --------------------------------------------------------------------------------------------- the whole world
+
+
+def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
+    """Run every rank's blocking calls against each other; return who is left waiting, and mismatches.
+
+    A call completes when every member of its group is at the same call (same group, same position in
+    that group's sequence). Members at the same position with a different op or size make a mismatch.
+    """
+    pos = [0] * len(preds)
+    mismatched: list[tuple[Call, tuple[int, ...]]] = []
+
+    def current(rank: int) -> Call | None:
+        calls = preds[rank].calls
+        return calls[pos[rank]] if pos[rank] < len(calls) else None
+
+    progress = True
+    while progress:
+        progress = False
+        for rank in range(len(preds)):
+            call = current(rank)
+            if call is None:
+                continue
+            at = [current(m) for m in call.members]
+            if not all(c is not None and c.key == call.key for c in at):
+                continue
+            odd = tuple(m for m, c in zip(call.members, at) if (c.kind, c.detail) != (call.kind, call.detail))
+            if odd:
+                mismatched.append((call, odd))
+            for m in call.members:
+                pos[m] += 1
+            progress = True
+    stuck = []
+    for rank in range(len(preds)):
+        call = current(rank)
+        if call is not None:
+            missing = tuple(m for m in call.members if current(m) is None or current(m).key != call.key)
+            stuck.append(Stuck(rank, call, missing))
+    return stuck, mismatched
+
+
+def _outcome(preds: list[RankPrediction], stuck: list[Stuck], mismatched: list, deadline: float | None) -> str:
+    if any(p.end == "died" for p in preds):
+        return "crash"
+    if any(p.end == "raised" for p in preds):
+        return "error"
+    if stuck:
+        return "hang"
+    if deadline is not None and any(p.slept >= deadline for p in preds):
+        return "hang"
+    if mismatched:
+        return "mismatch"
+    return "pass"
+
+
+_STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
+
+
+def _spec_outcome(plan: Plan, preds: list[RankPrediction], outcome: str, findings: set[str]) -> Any:
+    """Where torch's acceptance of a bad mesh derails the run, the right outcome is still a clean pass."""
+    for finding in _STATEFUL_FINDINGS:
+        if finding in findings and outcome != "pass":
+            return Quirk("pass", outcome, finding)
+    return outcome
+
+
+def _culprits(plan: Plan, world: int, preds: list[RankPrediction], stuck: list[Stuck], outcome: str,
+              deadline: float | None) -> list[int]:
+    if outcome == "pass":
+        return []
+    ended = {p.rank for p in preds if p.end != "finished"}
+    if ended:
+        return sorted(ended)
+    if deadline is not None:
+        late = {p.rank for p in preds if p.slept >= deadline}
+        if late:
+            return sorted(late)
+    divergent: set[int] = set()
+    for st in plan.steps:
+        if st.diverges:
+            divergent |= st.divergent_ranks(world)
+    if divergent:
+        return sorted(divergent)
+    return sorted({m for s in stuck for m in s.missing})

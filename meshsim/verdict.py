@@ -1,0 +1,209 @@
+"""Compare what every rank observed with what the model predicts, and say how the run ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import findings as F
+from .model import SKIPPED, Err, Prediction, Quirk, is_error, to_json
+from .model.predict import INJECTED
+
+OUTCOMES = ("pass", "mismatch", "error", "hang", "crash")
+
+
+def torch_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+@dataclass
+class Difference:
+    """One thing that differs from the model, on some ranks, at one step."""
+
+    step: int
+    op: str
+    handle: str | None
+    path: str  # where in the step's observation ("" = the whole value)
+    rows: list[tuple[list[int], Any, Any]]  # (ranks, expected, observed), identical values merged
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(r for rows, _, _ in self.rows for r in rows)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "op": self.op, "handle": self.handle, "path": self.path,
+                "ranks": self.ranks,
+                "rows": [{"ranks": r, "expected": to_json(e), "observed": o} for r, e, o in self.rows]}
+
+
+@dataclass
+class FindingHit:
+    finding: str
+    where: list[str] = field(default_factory=list)  # "step 3 dims[0].local_rank"
+    ranks: set[int] = field(default_factory=set)
+
+    def to_json(self) -> dict:
+        f = F.get(self.finding)
+        return {"id": self.finding, "title": f.title, "kind": f.kind, "where": self.where[:10],
+                "ranks": sorted(self.ranks)}
+
+
+@dataclass
+class Result:
+    """How a plan ran: the outcome, what differs from the model, the findings it touched, and why it hung."""
+
+    plan: Any
+    world: int
+    outcome: str  # what happened
+    expected: Any  # what the model says should happen (str or Quirk)
+    differences: list[Difference]
+    findings: dict[str, FindingHit]
+    record: Any
+    prediction: Prediction | None
+    diagnosis: Any = None
+    strict: bool = False
+
+    @property
+    def outcome_as_expected(self) -> bool:
+        return _outcome_ok(self.expected, self.outcome)
+
+    @property
+    def passed(self) -> bool:
+        """The run agrees with the model (findings allowed unless strict)."""
+        if self.strict and self.findings:
+            return False
+        return self.outcome_as_expected and not self.differences
+
+    @property
+    def culprits(self) -> list[int]:
+        return list(self.diagnosis.culprits) if self.diagnosis is not None else []
+
+    def to_json(self) -> dict:
+        return {
+            "outcome": self.outcome,
+            "expected_outcome": to_json(self.expected),
+            "passed": self.passed,
+            "world": self.world,
+            "elapsed_s": round(self.record.elapsed, 3),
+            "culprit_ranks": self.culprits,
+            "differences": [d.to_json() for d in self.differences],
+            "findings": [h.to_json() for h in self.findings.values()],
+            "diagnosis": self.diagnosis.to_json() if self.diagnosis is not None else None,
+        }
+
+
+def _outcome_ok(expected: Any, outcome: str) -> bool:
+    if isinstance(expected, Quirk):
+        return outcome == expected.right or (outcome == expected.torch and F.applies(expected.finding, torch_version()))
+    return outcome == expected
+
+
+def observed_outcome(record: Any, differences: list[Difference]) -> str:
+    if record.died:
+        return "crash"
+    if record.raised:
+        return "error"
+    if record.timed_out:
+        return "hang"
+    if differences:
+        return "mismatch"
+    return "pass"
+
+
+def judge(plan: Any, prediction: Prediction, record: Any, strict: bool = False) -> Result:
+    from .diagnose import diagnose
+
+    version = torch_version()
+    differences, hits = compare_run(plan, prediction, record, version)
+    outcome = observed_outcome(record, differences)
+    if isinstance(prediction.outcome, Quirk) and outcome == prediction.outcome.torch:
+        hit = hits.setdefault(prediction.outcome.finding, FindingHit(prediction.outcome.finding))
+        hit.where.append(f"outcome {outcome}")
+    result = Result(plan, prediction.world, outcome, prediction.outcome, differences, hits, record, prediction,
+                    strict=strict)
+    if outcome in ("hang", "crash", "error"):
+        result.diagnosis = diagnose(record, plan, prediction)
+    return result
+
+
+def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
+                ) -> tuple[list[Difference], dict[str, FindingHit]]:
+    grouped: dict[tuple[int, str], dict[tuple[str, str], tuple[list[int], Any, Any]]] = {}
+    hits: dict[str, FindingHit] = {}
+    for state in record.states:
+        if state.observations is None:
+            continue
+        for index, observed in enumerate(state.observations):
+            expected = prediction.expected(state.rank, index)
+            for kind, path, exp, obs, finding in compare(expected, observed, "", version):
+                if kind == "finding":
+                    hit = hits.setdefault(finding, FindingHit(finding))
+                    label = f"step {index} {path}".strip()
+                    if label not in hit.where:
+                        hit.where.append(label)
+                    hit.ranks.add(state.rank)
+                    continue
+                rows = grouped.setdefault((index, path), {})
+                key = (repr(to_json(exp)), repr(obs))
+                rows.setdefault(key, ([], exp, obs))[0].append(state.rank)
+    differences = []
+    for (index, path), rows in sorted(grouped.items()):
+        st = plan.steps[index]
+        differences.append(Difference(index, st.op, st.out or st.args.get("mesh") or st.args.get("src"), path,
+                                      list(rows.values())))
+    return differences, hits
+
+
+def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple]:
+    """Differences between one expectation and one observation: (kind, path, expected, observed, finding)."""
+    if isinstance(expected, Quirk):
+        if not _diffs(compare(expected.right, observed, path, version)):
+            return []
+        if F.applies(expected.finding, version) and not _diffs(compare(expected.torch, observed, path, version)):
+            return [("finding", path, expected.right, observed, expected.finding)]
+        return [("diff", path, expected.right, observed, None)]
+    if isinstance(expected, Err):
+        return [] if expected.matches(observed) else [("diff", path, expected, observed, None)]
+    if expected is SKIPPED or observed == SKIPPED:
+        return [] if expected == observed else [("diff", path, expected, observed, None)]
+    if isinstance(expected, dict):
+        if not isinstance(observed, dict) or is_error(observed):
+            return [("diff", path, expected, observed, None)]
+        out = []
+        for key in sorted(set(expected) | set(observed), key=str):
+            sub = f"{path}.{key}" if path else key
+            if key not in observed or key not in expected:
+                out.append(("diff", sub, expected.get(key, "<absent>"), observed.get(key, "<absent>"), None))
+            else:
+                out.extend(compare(expected[key], observed[key], sub, version))
+        return out
+    if isinstance(expected, list):
+        if not isinstance(observed, list) or len(observed) != len(expected):
+            return [("diff", path, expected, observed, None)]
+        out = []
+        for i, (e, o) in enumerate(zip(expected, observed)):
+            out.extend(compare(e, o, f"{path}[{i}]", version))
+        return _collapse_list(out, path, expected, observed)
+    if expected == observed and isinstance(expected, bool) == isinstance(observed, bool):
+        return []
+    return [("diff", path, expected, observed, None)]
+
+
+def _collapse_list(out: list[tuple], path: str, expected: list, observed: list) -> list[tuple]:
+    """A list that differs in its elements reads better as one difference of the whole list."""
+    if any(kind == "diff" for kind, *_ in out) and all(not isinstance(e, (dict, Quirk)) for e in expected):
+        return [t for t in out if t[0] == "finding"] + [("diff", path, expected, observed, None)]
+    return out
+
+
+def _diffs(items: list[tuple]) -> bool:
+    return any(kind == "diff" for kind, *_ in items)
+
+
+def injected_error(observed: Any) -> bool:
+    return is_error(observed) and observed["error"][0] == INJECTED

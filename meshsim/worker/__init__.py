@@ -1,0 +1,1 @@
+"""The worker side: the only code in meshsim that calls torch.distributed."""

@@ -1,0 +1,127 @@
+"""Live progress events from a rank, emitted *before* every call that can block.
+
+A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
+group creation announces itself first. Events are small tuples:
+
+    ("step", index, op, out)                 a plan step begins
+    ("call", kind, ranks, group, seq, ctx)   about to block: `kind` on the group `ranks` (torch's name
+                                             `group`), the `seq`-th call on that group from this rank;
+                                             ctx = (mesh handle, dim) when known
+    ("ret",)                                 the call returned
+    ("fn", name)                             a user function begins
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "gather", "gather_object", "scatter",
+    "scatter_object_list", "send", "recv",
+)
+
+
+class Progress:
+    """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
+
+    def __init__(self, send: Callable[[tuple], None]):
+        self._send = send
+        self._lock = threading.Lock()
+        self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
+        self.seq: dict[str, int] = {}
+
+    def emit(self, event: tuple) -> None:
+        with self._lock:
+            self._send(event)
+
+    def call(self, kind: str, ranks: tuple[int, ...], group: str) -> None:
+        n = self.seq.get(group, 0)
+        self.seq[group] = n + 1
+        self.emit(("call", kind, ranks, group, n, self.context))
+
+    def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
+        self.emit(("call", "new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
+
+    def returned(self) -> None:
+        self.emit(("ret",))
+
+
+_installed: Progress | None = None
+_group_info: dict[int, tuple[tuple[int, ...], str]] = {}
+
+
+def forget_groups() -> None:
+    """Drop cached group descriptions (ids of destroyed groups get reused)."""
+    _group_info.clear()
+
+
+def install(progress: Progress) -> None:
+    """Route every torch.distributed collective and group creation in this process through `progress`."""
+    global _installed
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if _installed is not None:
+        _installed = progress
+        return
+    _installed = progress
+    group_info = _group_info
+
+    def describe(group: Any) -> tuple[tuple[int, ...], str]:
+        if group is None or group is c10d.GroupMember.WORLD:
+            group = c10d._get_default_group()
+        key = id(group)
+        info = group_info.get(key)
+        if info is None:
+            try:
+                info = (tuple(c10d.get_process_group_ranks(group)), str(group.group_name))
+            except Exception:  # not a member, or already destroyed: still worth reporting
+                info = ((), repr(group))
+            group_info[key] = info
+        return info
+
+    for name in COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapped = _wrap_collective(name, original, describe)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+
+    original_new = c10d._new_group_with_tag
+
+    @functools.wraps(original_new)
+    def new_group_with_tag(ranks=None, *args, **kwargs):
+        members = tuple(sorted(ranks)) if ranks is not None else tuple(range(c10d.get_world_size()))
+        _installed.creating(members, str(c10d._world.group_count), kwargs.get("group_desc"))
+        try:
+            return original_new(ranks, *args, **kwargs)
+        finally:
+            _installed.returned()
+
+    c10d._new_group_with_tag = new_group_with_tag
+
+
+def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:
+    params = list(inspect.signature(original).parameters)
+    index = params.index("group") if "group" in params else None
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        group = kwargs.get("group")
+        if group is None and index is not None and len(args) > index:
+            group = args[index]
+        ranks, group_name = describe(group)
+        _installed.call(name, ranks, group_name)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _installed.returned()
+
+    return wrapper

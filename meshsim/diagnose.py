@@ -84,11 +84,12 @@ def _matches(call: tuple | None, other: tuple | None) -> bool:
 def _wait(state: Any, states: list, plan: Any, prediction: Any) -> Wait:
     _, kind, ranks, group, seq, ctx = state.call
     missing = [m for m in ranks if not (states[m].end == "stuck" and _matches(state.call, states[m].call))]
-    mesh, dim = (ctx or (None, None))
+    mesh, dim = (ctx or (None, None))[:2]
+    learned = ctx[2] if ctx is not None and len(ctx) > 2 else None
     if kind == "new_group" and isinstance(dim, str) and dim.startswith("mesh_"):
         dim = dim[len("mesh_"):]
         dim = int(dim[4:]) if re.fullmatch(r"dim_\d+", dim) else dim
-    coordinate = _group_coordinate(state, plan, prediction, mesh, dim)
+    coordinate = learned or _group_coordinate(state, plan, prediction, mesh, dim)
     return Wait(state.rank, state.step, state.op, kind, list(ranks), group, mesh, dim, coordinate, missing)
 
 
@@ -201,8 +202,22 @@ def _group_stacks(stacks: dict[int, str]) -> list[tuple[list[int], str]]:
 
 
 def _normalise_stack(text: str) -> str:
-    text = re.sub(r"0x[0-9a-f]+", "0x…", text)
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+    """The thread that matters, most recent call first, without meshsim's own plumbing below the plan."""
+    blocks = re.split(r"\n\s*\n", text.strip())
+    kept = []
+    for block in blocks:
+        if "meshsim/worker/main.py" in block and " in watch" in block:
+            continue  # the lifeline watcher thread
+        lines = []
+        for line in block.splitlines():
+            if "meshsim/worker/main.py" in line or "multiprocessing/" in line:
+                break  # below here: the worker's command loop and process bootstrap
+            if "meshsim/worker/progress.py" in line or "c10d_logger.py" in line:
+                continue  # the instrumentation wrapper
+            lines.append(line.rstrip())
+        kept.append("\n".join(lines))
+    text = "\n\n".join(k for k in kept if k.strip())
+    return re.sub(r"0x[0-9a-f]+", "0x…", text)
 
 
 def _summary(d: Diagnosis, states: list) -> str:
@@ -214,5 +229,6 @@ def _summary(d: Diagnosis, states: list) -> str:
         if w.mesh is not None else ""
     missing = ", ".join(f"{m} {states[m].where}" for m in w.missing[:4]) or "nobody"
     more = f" (and {len(d.waits) - 1} more waiting ranks)" if len(d.waits) > 1 else ""
-    return (f"{d.kind}: rank {w.rank} waits in {w.call} on group {w.group_ranks}{where} at step {w.step}"
+    at = "in the user function" if w.op == "function" else f"at step {w.step} ({w.op})"
+    return (f"{d.kind}: rank {w.rank} waits in {w.call} on group {w.group_ranks}{where} {at}"
             f"{more}; missing: {missing}. Culprit ranks: {who}.")

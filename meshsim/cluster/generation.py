@@ -11,8 +11,11 @@ from typing import Any
 
 from ..worker.main import STACK_SIGNAL, WorkerSpec, worker_main
 
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "meshsim.worker.main",
-           "meshsim.worker.execute"]
+# Imported once in the forkserver so that every worker starts warm. DeviceMesh slicing imports the fx
+# proxy-tensor machinery lazily (~0.6 s per rank on first use): pay that once, here.
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
+           "torch._subclasses.fake_tensor", "dill", "meshsim.worker.main", "meshsim.worker.execute",
+           "meshsim.worker.warm"]
 
 
 class ClusterError(RuntimeError):

@@ -57,13 +57,16 @@ class RankState:
             return f"raised in step {self.end_step} and left the plan"
         if self.done:
             return "finished"
+        at = "in the user function" if self.op == "function" else f"step {self.step}"
         if self.call is not None:
             _, kind, ranks, _, _, ctx = self.call
-            return f"in {kind} on group {list(ranks)} (step {self.step})"
+            return f"in {kind} on group {list(ranks)} ({at})"
         if self.step is None:
             return "has not started"
         if self.step == -1:
             return "tearing down the previous plan"
+        if self.op == "function":
+            return "running the user function outside any collective"
         return f"running step {self.step} ({self.op}) outside any collective"
 
 

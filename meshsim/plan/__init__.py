@@ -29,7 +29,7 @@ class Step:
     op: str
     args: Mapping[str, Any] = field(default_factory=dict)
     out: str | None = None
-    ranks: tuple[int, ...] | None = None  # run only on these ranks
+    only_on: tuple[int, ...] | None = None  # run only on these ranks
     skip_on: tuple[int, ...] = ()  # every rank but these
     on_rank: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # per-rank field overrides
     expect_error: bool = False  # the author means this step to raise
@@ -41,7 +41,7 @@ class Step:
     def runs_on(self, rank: int) -> bool:
         if rank in self.skip_on:
             return False
-        return self.ranks is None or rank in self.ranks
+        return self.only_on is None or rank in self.only_on
 
     def args_for(self, rank: int) -> dict[str, Any]:
         merged = dict(self.args)
@@ -51,7 +51,7 @@ class Step:
     @property
     def diverges(self) -> bool:
         """Whether some ranks run this step differently from others (or not at all)."""
-        return bool(self.ranks is not None or self.skip_on or self.on_rank)
+        return bool(self.only_on is not None or self.skip_on or self.on_rank)
 
     def divergent_ranks(self, world: int) -> set[int]:
         """The ranks that depart from what the majority does at this step."""
@@ -68,8 +68,8 @@ class Step:
         out.update(self.args)
         if self.out is not None:
             out["out"] = self.out
-        if self.ranks is not None:
-            out["ranks"] = list(self.ranks)
+        if self.only_on is not None:
+            out["only_on"] = list(self.only_on)
         if self.skip_on:
             out["skip_on"] = list(self.skip_on)
         if self.on_rank:
@@ -82,8 +82,8 @@ class Step:
         """One line, as a person would write the call."""
         args = ", ".join(f"{k}={_short(v)}" for k, v in self.args.items())
         text = f"{self.out} = {self.op}({args})" if self.out else f"{self.op}({args})"
-        if self.ranks is not None:
-            text += f" only on {list(self.ranks)}"
+        if self.only_on is not None:
+            text += f" only on {list(self.only_on)}"
         if self.skip_on:
             text += f" skipped on {list(self.skip_on)}"
         for rank, over in sorted(self.on_rank.items()):
@@ -98,7 +98,7 @@ def _short(value: Any) -> str:
 def step(op: str, **kwargs: Any) -> Step:
     """step("slice", src="m", names=["tp"], out="s") -- the keyword form plans are written in."""
     meta = {k: kwargs.pop(k) for k in STEP_KEYS if k in kwargs}
-    return _step_from(op, kwargs, meta)
+    return _step_from(op, {k: v for k, v in kwargs.items() if v is not None}, meta)
 
 
 def _step_from(op: str, args: dict[str, Any], meta: Mapping[str, Any]) -> Step:
@@ -107,7 +107,7 @@ def _step_from(op: str, args: dict[str, Any], meta: Mapping[str, Any]) -> Step:
         op=op,
         args=args,
         out=meta.get("out"),
-        ranks=None if meta.get("ranks") is None else tuple(meta["ranks"]),
+        only_on=None if meta.get("only_on") is None else tuple(meta["only_on"]),
         skip_on=tuple(meta.get("skip_on") or ()),
         on_rank={_rank_key(k): dict(v) for k, v in on_rank.items()} if isinstance(on_rank, Mapping) else on_rank,
         expect_error=bool(meta.get("expect_error", False)),
@@ -208,7 +208,7 @@ def _validate_step(st: Step, kinds: dict[str, str], world: int | None) -> None:
         raise PlanError(f"{st.op} produces nothing, so it takes no 'out'")
     if st.out is not None and not (isinstance(st.out, str) and _HANDLE.match(st.out)):
         raise PlanError(f"handle {st.out!r} must be an identifier")
-    _check_rank_list("ranks", st.ranks, world, allow_none=True)
+    _check_rank_list("only_on", st.only_on, world, allow_none=True)
     _check_rank_list("skip_on", st.skip_on, world)
     if not isinstance(st.on_rank, Mapping):
         raise PlanError("on_rank must be a table of rank -> fields")

@@ -103,4 +103,4 @@ OPS: dict[str, OpSpec] = {
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "barrier")
 # Keys every step may carry besides its op's fields.
-STEP_KEYS = ("op", "out", "ranks", "skip_on", "on_rank", "expect_error")
+STEP_KEYS = ("op", "out", "only_on", "skip_on", "on_rank", "expect_error")

@@ -55,7 +55,7 @@ class Executor:
             if not st.runs_on(self.rank):
                 observations.append(SKIPPED)
                 continue
-            self.progress.emit(("step", index, st.op, st.out))
+            self.progress.emit(("step", index, st.op, st.out, time.time()))
             try:
                 observations.append(self.step(st, st.args_for(self.rank)))
             except InjectedError as exc:

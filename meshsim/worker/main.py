@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +46,15 @@ def _die_with_parent() -> None:
         os._exit(3)
 
 
+def _name_process(name: str) -> None:
+    """Show up as meshsim-rN in ps/top (PR_SET_NAME)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(15, ctypes.c_char_p(name.encode()[:15]))
+        except OSError:
+            pass
+
+
 def _watch_lifeline(lifeline: Any) -> None:
     def watch() -> None:
         try:
@@ -58,6 +69,8 @@ def _watch_lifeline(lifeline: Any) -> None:
 def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     _die_with_parent()
     _watch_lifeline(lifeline)
+    _name_process(f"meshsim-r{spec.rank}")
+    warnings.simplefilter("ignore")  # torch's deprecation chatter from 8 ranks would bury the report
     from ..topology import Topology
 
     topology = Topology(spec.hosts, spec.devices_per_host)
@@ -99,6 +112,7 @@ class Rank:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group(spec.backend, store=self.store, rank=spec.rank, world_size=world,
                                 timeout=timedelta(seconds=spec.timeout_s))
+        dist.barrier()  # the first collective pays for lazy set-up; pay it before the first plan
         self.baseline = set(c10d._world.pg_map)
         self.progress = Progress(self._send)
         install(self.progress)
@@ -156,7 +170,7 @@ class Rank:
 
         from .progress import forget_groups
 
-        self.progress.emit(("step", -1, "teardown", None))
+        self.progress.emit(("step", -1, "teardown", None, time.time()))
         for value in list(self.executor.handles.values()):
             for mesh in value if isinstance(value, list) else [value]:
                 if isinstance(mesh, DeviceMesh):

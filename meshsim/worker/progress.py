@@ -3,7 +3,7 @@
 A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
 group creation announces itself first. Events are small tuples:
 
-    ("step", index, op, out)                 a plan step begins
+    ("step", index, op, out, time)           a plan step begins (wall-clock time on the rank)
     ("call", kind, ranks, group, seq, ctx)   about to block: `kind` on the group `ranks` (torch's name
                                              `group`), the `seq`-th call on that group from this rank;
                                              ctx = (mesh handle, dim) when known
@@ -42,7 +42,7 @@ class Progress:
     def call(self, kind: str, ranks: tuple[int, ...], group: str) -> None:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
-        self.emit(("call", kind, ranks, group, n, self.context))
+        self.emit(("call", kind, ranks, group, n, self.context or _mesh_dims.get(group)))
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
         self.emit(("call", "new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
@@ -53,11 +53,28 @@ class Progress:
 
 _installed: Progress | None = None
 _group_info: dict[int, tuple[tuple[int, ...], str]] = {}
+_mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
 
 
 def forget_groups() -> None:
     """Drop cached group descriptions (ids of destroyed groups get reused)."""
     _group_info.clear()
+    _mesh_dims.clear()
+
+
+def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
+    """Any code that asks a DeviceMesh for a dim's group teaches us which mesh dim that group is."""
+    names = mesh.mesh_dim_names
+    label = "mesh(" + ",".join(names) + ")" if names else f"mesh{tuple(mesh.shape)}"
+    if dim is None:
+        dim = 0
+    index = names.index(dim) if isinstance(dim, str) and names and dim in names else dim
+    coordinate = mesh.get_coordinate()
+    pattern = None
+    if coordinate is not None and isinstance(index, int) and -len(coordinate) <= index < len(coordinate):
+        pattern = list(coordinate)
+        pattern[index] = "*"
+    _mesh_dims[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
 
 
 def install(progress: Progress) -> None:
@@ -106,6 +123,21 @@ def install(progress: Progress) -> None:
             _installed.returned()
 
     c10d._new_group_with_tag = new_group_with_tag
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original_get_group = DeviceMesh.get_group
+
+    @functools.wraps(original_get_group)
+    def get_group(self, mesh_dim=None):
+        group = original_get_group(self, mesh_dim)
+        try:
+            _remember_mesh_dim(self, mesh_dim, group)
+        except Exception:
+            pass
+        return group
+
+    DeviceMesh.get_group = get_group
 
 
 def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:

@@ -129,19 +129,25 @@ def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int]
 
 
 def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]:
-    missing = sorted({m for w in waits if w.call == "new_group" for m in w.missing})
-    creating_other = [m for m in missing if states[m].call is not None and states[m].call[1] == "new_group"]
-    same_ranks_other_name = [m for m in creating_other
-                             if any(list(states[m].call[2]) == w.group_ranks for w in waits)]
-    if same_ranks_other_name or not creating_other:
-        # The same group under another name: the group counters drifted, because some ranks created groups
-        # that others skipped. Those that skipped (fewer creations) are at fault.
-        counts = {s.rank: s.groups_created for s in states}
-        involved = {m for w in waits for m in w.group_ranks}
-        top = max(counts[r] for r in involved)
-        behind = sorted(r for r in involved if counts[r] < top)
-        return "subset", behind or missing
-    return "inconsistent", _minority(states, waits, creating_other)
+    creating = [w for w in waits if w.call == "new_group"]
+    # Do ranks disagree about what group a name stands for? (different meshes, or rank maps that differ)
+    for w in creating:
+        camps: dict[tuple[int, ...], list[int]] = {}
+        for s in states:
+            ranks = s.created.get(w.group_name)
+            if ranks is not None:
+                camps.setdefault(ranks, []).append(s.rank)
+        if len(camps) > 1:
+            sizes = sorted(len(c) for c in camps.values())
+            smallest = [r for c in camps.values() if len(c) == sizes[0] for r in c]
+            return "inconsistent", sorted(smallest) if sizes[0] < sizes[-1] else sorted(r for c in camps.values() for r in c)
+    # The same group under another name: some ranks created groups that others skipped, so the group
+    # counters drifted. Those that skipped (fewer creations) are at fault.
+    counts = {s.rank: s.groups_created for s in states}
+    involved = {m for w in creating for m in w.group_ranks}
+    top = max(counts[r] for r in involved)
+    behind = sorted(r for r in involved if counts[r] < top)
+    return "subset", behind or sorted({m for w in creating for m in w.missing})
 
 
 def _minority(states: list, waits: list[Wait], others: list[int]) -> list[int]:

@@ -85,6 +85,17 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
+            "group-name-collision", "Flatten/unflatten of a mesh whose ranks differ across ranks crosses groups",
+            "torch-inconsistent",
+            "A mesh built with DeviceMesh.from_group(subgroup) holds different ranks on different ranks (ranks "
+            "0-3 see [0,1,2,3], ranks 4-7 see [4,5,6,7]). _unflatten/_flatten of it make new_group calls for "
+            "different rank sets that get the same group name on every rank; gloo's store rendezvous is keyed "
+            "by that name, so the groups cross: the run hangs, or collectives reach the wrong peers. "
+            "Seen with from_group(mesh['tp'].get_group()) then _unflatten(0, (2, 2), ...) on 2x4. Right: the "
+            "groups of each replica are created so that they do not collide, or the call is refused.",
+            since="2.9.0",
+        ),
+        Finding(
             "gloo-size-mismatch-silent", "gloo all_reduce with different tensor sizes across ranks",
             "torch-wrong",
             "Ranks passing tensors of different sizes to one all_reduce on gloo are not told; results can be "

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import findings as F
 from .model import SKIPPED, Err, Prediction, Quirk, is_error, to_json
-from .model.predict import INJECTED
+from .model.predict import INJECTED, UNDEFINED
 
 OUTCOMES = ("pass", "mismatch", "error", "hang", "crash")
 
@@ -99,7 +99,8 @@ class Result:
 
 def _outcome_ok(expected: Any, outcome: str) -> bool:
     if isinstance(expected, Quirk):
-        return outcome == expected.right or (outcome == expected.torch and F.applies(expected.finding, torch_version()))
+        torch_ok = outcome == expected.torch or expected.torch == UNDEFINED
+        return outcome == expected.right or (torch_ok and F.applies(expected.finding, torch_version()))
     return outcome == expected
 
 
@@ -121,8 +122,9 @@ def judge(plan: Any, prediction: Prediction, record: Any, strict: bool = False) 
     version = torch_version()
     differences, hits = compare_run(plan, prediction, record, version)
     outcome = observed_outcome(record, differences)
-    if isinstance(prediction.outcome, Quirk) and outcome == prediction.outcome.torch:
-        hit = hits.setdefault(prediction.outcome.finding, FindingHit(prediction.outcome.finding))
+    expected = prediction.outcome
+    if isinstance(expected, Quirk) and outcome != expected.right and expected.torch in (outcome, UNDEFINED):
+        hit = hits.setdefault(expected.finding, FindingHit(expected.finding))
         hit.where.append(f"outcome {outcome}")
     result = Result(plan, prediction.world, outcome, prediction.outcome, differences, hits, record, prediction,
                     strict=strict)
@@ -135,12 +137,15 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
                 ) -> tuple[list[Difference], dict[str, FindingHit]]:
     grouped: dict[tuple[int, str], dict[tuple[str, str], tuple[list[int], Any, Any]]] = {}
     hits: dict[str, FindingHit] = {}
+    racy_from = prediction.undefined_from if F.applies(prediction.undefined_finding or "", version) else None
     for state in record.states:
         if state.observations is None:
             continue
         for index, observed in enumerate(state.observations):
             expected = prediction.expected(state.rank, index)
             for kind, path, exp, obs, finding in compare(expected, observed, "", version):
+                if kind == "diff" and racy_from is not None and index >= racy_from:
+                    kind, finding = "finding", prediction.undefined_finding
                 if kind == "finding":
                     hit = hits.setdefault(finding, FindingHit(finding))
                     label = f"step {index} {path}".strip()

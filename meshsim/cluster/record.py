@@ -20,6 +20,7 @@ class RankState:
     calls_on: dict[str, int] = field(default_factory=dict)  # group name -> calls made on it
     call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
+    created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     done: bool = False  # sent its result
     observations: list[Any] | None = None
@@ -39,6 +40,7 @@ class RankState:
             self.call = self.last_call = event
             if event[1] == "new_group":
                 self.groups_created += 1
+                self.created[event[3]] = tuple(event[2])
             else:
                 self.calls_on[event[3]] = event[4] + 1
                 self.call_log[(event[3], event[4])] = (self.step, event[1])

@@ -12,6 +12,7 @@ from .expect import Err, ModelRaise, Quirk
 from .mesh import Call, Group, MeshModel, RankModel
 
 SKIPPED = {"skipped": True}  # the step does not run on this rank
+UNDEFINED = "undefined"  # torch's outcome is a race: any outcome is torch's
 INJECTED = "MeshsimInjectedError"  # type of the exception a `raise` step throws
 
 
@@ -41,6 +42,8 @@ class Prediction:
     mismatched: list[tuple[Call, tuple[int, ...]]]
     culprits: list[int]
     findings: set[str]
+    undefined_from: int | None = None  # from this step on, torch's behaviour is a race (see finding)
+    undefined_finding: str | None = None
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
@@ -54,13 +57,37 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     outcome = _outcome(preds, stuck, mismatched, deadline)
     spec_outcome = _spec_outcome(plan, preds, outcome, findings)
     culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
-    return Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
+    prediction = Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
+    collision = name_collision(preds)
+    if collision is not None:
+        # Two different groups made under one name on different ranks: gloo's rendezvous crosses them,
+        # so whether torch hangs, connects the wrong peers or gets lucky is a race.
+        prediction.findings.add("group-name-collision")
+        prediction.undefined_from, prediction.undefined_finding = collision, "group-name-collision"
+        prediction.outcome = Quirk(outcome, UNDEFINED, "group-name-collision")
+    return prediction
+
+
+def name_collision(preds: list[RankPrediction]) -> int | None:
+    """The first step at which ranks create different groups under the same name, if any."""
+    seen: dict[Any, tuple[tuple, int]] = {}
+    first: int | None = None
+    for pred in preds:
+        for call in pred.calls:
+            if call.kind != "create":
+                continue
+            name, ranks = call.key
+            known = seen.setdefault(name, (ranks, call.step))
+            if known[0] != ranks:
+                step = min(known[1], call.step)
+                first = step if first is None else min(first, step)
+    return first
 
 
 # --------------------------------------------------------------------------------------------- one rank
 
 
-class _RankRun:
+class RankRun:
     def __init__(self, plan: Plan, rank: int, world: int):
         self.model = RankModel(rank, world)
         self.prediction = RankPrediction(rank)
@@ -72,8 +99,8 @@ class _RankRun:
         return self.model.findings
 
 
-def _run_rank(plan: Plan, rank: int, world: int) -> _RankRun:
-    run = _RankRun(plan, rank, world)
+def _run_rank(plan: Plan, rank: int, world: int) -> RankRun:
+    run = RankRun(plan, rank, world)
     pred = run.prediction
     for index, st in enumerate(plan.steps):
         if pred.end != "finished":
@@ -83,12 +110,12 @@ def _run_rank(plan: Plan, rank: int, world: int) -> _RankRun:
             pred.observations.append(SKIPPED)
             continue
         run.model.step = index
-        pred.observations.append(_observe_step(run, st, st.args_for(rank), index))
+        pred.observations.append(observe_step(run, st, st.args_for(rank), index))
     pred.calls = run.model.calls
     return run
 
 
-def _observe_step(run: _RankRun, st: Step, args: dict, index: int) -> Any:
+def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
     pred = run.prediction
     if st.op == "sleep":
         pred.slept += float(args["seconds"])
@@ -110,7 +137,7 @@ def _observe_step(run: _RankRun, st: Step, args: dict, index: int) -> Any:
     return _shape_result(run, st.op, value)
 
 
-def _shape_result(run: _RankRun, op: str, value: Any) -> Any:
+def _shape_result(run: RankRun, op: str, value: Any) -> Any:
     if isinstance(value, MeshModel):
         return summary(value)
     if isinstance(value, list) and value and isinstance(value[0], MeshModel):
@@ -133,7 +160,7 @@ def summary(mesh: MeshModel) -> Any:
     return obs
 
 
-def _resolve(run: _RankRun, ref: str) -> Any:
+def _resolve(run: RankRun, ref: str) -> Any:
     name, _, item = ref.partition(".")
     if name not in run.handles:
         raise ModelRaise(Err("HandleError", f"handle {name!r} does not exist on this rank"))
@@ -145,38 +172,38 @@ def _resolve(run: _RankRun, ref: str) -> Any:
     return value
 
 
-def _mesh(run: _RankRun, ref: str) -> MeshModel:
+def _mesh(run: RankRun, ref: str) -> MeshModel:
     value = _resolve(run, ref)
     if not isinstance(value, MeshModel):
         raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a mesh"))
     return value
 
 
-def _init(run: _RankRun, a: dict) -> MeshModel:
+def _init(run: RankRun, a: dict) -> MeshModel:
     return run.model.init_device_mesh(list(a["shape"]), a.get("names"))
 
 
-def _explicit(run: _RankRun, a: dict) -> MeshModel:
+def _explicit(run: RankRun, a: dict) -> MeshModel:
     return run.model.explicit(flatten_layout(a["layout"]), layout_shape(a["layout"]) or (), a.get("names"))
 
 
-def _slice(run: _RankRun, a: dict) -> MeshModel:
+def _slice(run: RankRun, a: dict) -> MeshModel:
     return run.model.slice(_mesh(run, a["src"]), a["names"])
 
 
-def _flatten(run: _RankRun, a: dict) -> MeshModel:
+def _flatten(run: RankRun, a: dict) -> MeshModel:
     return run.model.flatten(_mesh(run, a["src"]), a.get("name"))
 
 
-def _unflatten(run: _RankRun, a: dict) -> MeshModel:
+def _unflatten(run: RankRun, a: dict) -> MeshModel:
     return run.model.unflatten(_mesh(run, a["src"]), a["dim"], list(a["sizes"]), list(a["names"]))
 
 
-def _concatenate(run: _RankRun, a: dict) -> MeshModel:
+def _concatenate(run: RankRun, a: dict) -> MeshModel:
     return run.model.concatenate([_mesh(run, ref) for ref in a["srcs"]])
 
 
-def _from_group(run: _RankRun, a: dict) -> MeshModel:
+def _from_group(run: RankRun, a: dict) -> MeshModel:
     model = run.model
     layout = a.get("layout")
     flat = flatten_layout(layout) if layout is not None else None
@@ -200,15 +227,15 @@ def _from_group(run: _RankRun, a: dict) -> MeshModel:
     return model.from_groups(groups, flat, shape, names, one_d=len(dims) == 1)
 
 
-def _all_submeshes(run: _RankRun, a: dict) -> list[MeshModel]:
+def _all_submeshes(run: RankRun, a: dict) -> list[MeshModel]:
     return run.model.all_submeshes(_mesh(run, a["src"]), a["dim"])
 
 
-def _new_group(run: _RankRun, a: dict) -> Group | None:
+def _new_group(run: RankRun, a: dict) -> Group | None:
     return run.model.new_group(list(a["ranks"]))
 
 
-def _query(run: _RankRun, a: dict) -> Any:
+def _query(run: RankRun, a: dict) -> Any:
     model, mesh, dim, what = run.model, _mesh(run, a["mesh"]), a.get("dim"), a["what"]
     if what == "get_group":
         return model.group_observation(mesh, dim)
@@ -236,7 +263,7 @@ def _attempt(fn, *args) -> Any:
         return exc.err
 
 
-def _check(run: _RankRun, a: dict) -> Any:
+def _check(run: RankRun, a: dict) -> Any:
     model, mesh = run.model, _mesh(run, a["mesh"])
     collectives = a.get("collectives", True)
     obs = summary(mesh)
@@ -266,14 +293,14 @@ def _check(run: _RankRun, a: dict) -> Any:
     return obs
 
 
-def _collective_group(run: _RankRun, a: dict) -> Group | None:
+def _collective_group(run: RankRun, a: dict) -> Group | None:
     if "group" in a:
         return _resolve(run, a["group"])
     return run.model.get_group(_mesh(run, a["mesh"]), a.get("dim"))
 
 
 def _collective(op: str):
-    def step(run: _RankRun, a: dict) -> Any:
+    def step(run: RankRun, a: dict) -> Any:
         group = _collective_group(run, a)
         if group is None:  # not a member of a new_group: torch returns without communicating
             return None

@@ -78,6 +78,14 @@ class Step:
             out["expect_error"] = True
         return out
 
+    def __repr__(self) -> str:
+        parts = [repr(self.op)] + [f"{k}={v!r}" for k, v in self.args.items()]
+        for key in ("out", "only_on", "skip_on", "on_rank", "expect_error"):
+            value = getattr(self, key)
+            if value not in (None, (), {}, False):
+                parts.append(f"{key}={list(value) if isinstance(value, tuple) else value!r}")
+        return f"step({', '.join(parts)})"
+
     def describe(self) -> str:
         """One line, as a person would write the call."""
         args = ", ".join(f"{k}={_short(v)}" for k, v in self.args.items())
@@ -130,6 +138,10 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def __repr__(self) -> str:
+        inner = ",\n    ".join(repr(s) for s in self.steps)
+        return f"Plan((\n    {inner},\n))"
 
     @property
     def diverges(self) -> bool:

@@ -129,8 +129,11 @@ def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int]
 
 
 def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]:
+    diverged = _mesh_divergence(states)
+    if diverged is not None:
+        return diverged
     creating = [w for w in waits if w.call == "new_group"]
-    # Do ranks disagree about what group a name stands for? (different meshes, or rank maps that differ)
+    # Ranks disagree about which group a name stands for (rank maps that differ across ranks).
     for w in creating:
         camps: dict[tuple[int, ...], list[int]] = {}
         for s in states:
@@ -138,9 +141,7 @@ def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]
             if ranks is not None:
                 camps.setdefault(ranks, []).append(s.rank)
         if len(camps) > 1:
-            sizes = sorted(len(c) for c in camps.values())
-            smallest = [r for c in camps.values() if len(c) == sizes[0] for r in c]
-            return "inconsistent", sorted(smallest) if sizes[0] < sizes[-1] else sorted(r for c in camps.values() for r in c)
+            return "inconsistent", _smaller_camps(list(camps.values()))
     # The same group under another name: some ranks created groups that others skipped, so the group
     # counters drifted. Those that skipped (fewer creations) are at fault.
     counts = {s.rank: s.groups_created for s in states}
@@ -148,6 +149,45 @@ def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]
     top = max(counts[r] for r in involved)
     behind = sorted(r for r in involved if counts[r] < top)
     return "subset", behind or sorted({m for w in creating for m in w.missing})
+
+
+def _mesh_divergence(states: list) -> tuple[str, list[int]] | None:
+    """Compare the meshes each rank built (shape and ranks), in order; the first disagreement explains.
+
+    A rank waiting to create the groups of an earlier mesh has not got there yet and is left out.
+    """
+    depth = max((len(s.meshes) for s in states), default=0)
+    for k in range(depth):
+        camps: dict[Any, list[int]] = {}
+        for s in states:
+            if len(s.meshes) > k:
+                camps.setdefault(_mesh_key(s.meshes[k]), []).append(s.rank)
+            elif not (s.call is not None and s.call[1] == "new_group"):
+                camps.setdefault(None, []).append(s.rank)  # moved on without building it
+        if len(camps) < 2:
+            continue
+        built = {key: ranks for key, ranks in camps.items() if key is not None}
+        if None in camps and len(built) == 1:
+            return "subset", sorted(camps[None])
+        for key, ranks in built.items():
+            ahead = [s for s in states if s.rank not in ranks and len(s.meshes) > k + 1]
+            if any(_mesh_key(s.meshes[k + 1]) == key for s in ahead):
+                return "subset", sorted(ranks + camps.get(None, []))  # they skipped a mesh the others built
+        return "inconsistent", _smaller_camps(list(camps.values()))
+    return None
+
+
+def _mesh_key(entry: tuple) -> tuple:
+    _, shape, _, ranks = entry
+    return (tuple(shape), tuple(ranks))
+
+
+def _smaller_camps(camps: list[list[int]]) -> list[int]:
+    """Every camp but the largest (all of them when no camp is larger than the rest)."""
+    largest = max(len(c) for c in camps)
+    if sum(1 for c in camps if len(c) == largest) > 1:
+        return sorted(r for c in camps for r in c)
+    return sorted(r for c in camps if len(c) < largest for r in c)
 
 
 def _minority(states: list, waits: list[Wait], others: list[int]) -> list[int]:
@@ -158,35 +198,55 @@ def _minority(states: list, waits: list[Wait], others: list[int]) -> list[int]:
 
 
 def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[str, list[int]]:
-    waiting = {w.rank for w in waits}
-    cycle = [w for w in waits if any(m in waiting and states[m].call[3] != w.group_name for m in w.missing)]
-    if cycle:
-        # Members wait on each other in different groups: calls made in a different order.
-        camps = Counter(w.group_name for w in cycle)
+    """Follow who waits for whom to the root of the wait.
+
+    A rank whose missing peers wait on *other* groups is only downstream of the problem. Waits whose
+    missing peers are elsewhere (finished, another step) or on the same group at another call are roots:
+    someone skipped or mismatched a collective there. With no root at all, ranks wait on each other in
+    different groups: calls made in a different order.
+    """
+    waiting = {w.rank: w for w in waits}
+    divergent = _plan_divergent(plan, len(states)) if plan is not None else set()
+
+    def downstream(w: Wait) -> bool:
+        return bool(w.missing) and all(m in waiting and waiting[m].group_name != w.group_name for m in w.missing)
+
+    roots = [w for w in waits if not downstream(w)]
+    if not roots:
+        camps = Counter(w.group_name for w in waits)
         (first, _), = camps.most_common(1)
-        minority = sorted(w.rank for w in cycle if w.group_name != first)
-        divergent = _plan_divergent(plan, len(states)) & {w.rank for w in cycle} if plan is not None else set()
-        return "reordered", sorted(divergent) or minority
+        minority = sorted(w.rank for w in waits if w.group_name != first)
+        return "reordered", sorted(divergent & set(waiting)) or minority
     culprits: set[int] = set()
-    for w in waits:
-        culprits |= _first_divergence(states, w)
-    return "skipped", sorted(culprits) or sorted({m for w in waits for m in w.missing})
+    for w in roots:
+        culprits |= _first_divergence(states, w, divergent)
+    return "skipped", sorted(culprits) or sorted({m for w in roots for m in w.missing})
 
 
-def _first_divergence(states: list, wait: Wait) -> set[int]:
+def _first_divergence(states: list, wait: Wait, divergent: set[int]) -> set[int]:
     """On the waited-for group, the members whose calls part from the majority's first.
 
     A rank that skipped a collective makes its next call on that group from a later step (or never),
-    so at the first position where members disagree it is the odd one out.
+    so at the first position where members disagree it is the odd one out. Between camps of equal size,
+    the plan's divergent ranks decide, else the camp that got there from a later step (it skipped).
     """
     members = wait.group_ranks
     depth = max(states[m].calls_on.get(wait.group_name, 0) for m in members)
     for seq in range(depth):
         seen = {m: states[m].call_log.get((wait.group_name, seq)) for m in members}
         camps = Counter(seen.values())
-        if len(camps) > 1:
-            (majority, _), = camps.most_common(1)
-            return {m for m, v in seen.items() if v != majority}
+        if len(camps) < 2:
+            continue
+        top = max(camps.values())
+        leaders = [v for v, n in camps.items() if n == top]
+        if len(leaders) == 1:
+            return {m for m, v in seen.items() if v != leaders[0]}
+        odd = {m for m in members if m in divergent}
+        if odd:
+            return odd
+        latest = max((v for v in leaders if v is not None), key=lambda v: (v[0] is not None, v[0] or 0),
+                     default=None)
+        return {m for m, v in seen.items() if v == latest or v is None}
     return set()
 
 

@@ -137,7 +137,9 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
                 ) -> tuple[list[Difference], dict[str, FindingHit]]:
     grouped: dict[tuple[int, str], dict[tuple[str, str], tuple[list[int], Any, Any]]] = {}
     hits: dict[str, FindingHit] = {}
-    racy_from = prediction.undefined_from if F.applies(prediction.undefined_finding or "", version) else None
+    racy_from = prediction.undefined_from
+    if prediction.undefined_finding is not None and not F.applies(prediction.undefined_finding, version):
+        racy_from = None
     for state in record.states:
         if state.observations is None:
             continue
@@ -145,6 +147,8 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
             expected = prediction.expected(state.rank, index)
             for kind, path, exp, obs, finding in compare(expected, observed, "", version):
                 if kind == "diff" and racy_from is not None and index >= racy_from:
+                    if prediction.undefined_finding is None:
+                        continue  # a consequence of a rank's death, not torch's doing
                     kind, finding = "finding", prediction.undefined_finding
                 if kind == "finding":
                     hit = hits.setdefault(finding, FindingHit(finding))

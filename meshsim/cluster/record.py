@@ -21,6 +21,7 @@ class RankState:
     call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
+    meshes: list[tuple] = field(default_factory=list)  # (shape, names, ranks) of each mesh whose groups it made
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     done: bool = False  # sent its result
     observations: list[Any] | None = None
@@ -46,6 +47,8 @@ class RankState:
                 self.call_log[(event[3], event[4])] = (self.step, event[1])
         elif kind == "ret":
             self.call = None
+        elif kind == "mesh":
+            self.meshes.append((self.step,) + tuple(event[1:]))
         elif kind == "fn":
             self.step, self.op, self.out = 0, "function", None
             self.call = None

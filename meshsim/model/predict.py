@@ -42,8 +42,8 @@ class Prediction:
     mismatched: list[tuple[Call, tuple[int, ...]]]
     culprits: list[int]
     findings: set[str]
-    undefined_from: int | None = None  # from this step on, torch's behaviour is a race (see finding)
-    undefined_finding: str | None = None
+    undefined_from: int | None = None  # from this step on, other ranks' observations are not predictable
+    undefined_finding: str | None = None  # ... because of this finding (None: because a rank died)
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
@@ -58,6 +58,10 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     spec_outcome = _spec_outcome(plan, preds, outcome, findings)
     culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
     prediction = Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
+    deaths = [p.end_step for p in preds if p.end == "died"]
+    if deaths:
+        # Peers of a dead rank see whatever their transport reports (connection closed, timeouts).
+        prediction.undefined_from = min(deaths)
     collision = name_collision(preds)
     if collision is not None:
         # Two different groups made under one name on different ranks: gloo's rendezvous crosses them,

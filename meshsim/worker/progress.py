@@ -9,6 +9,8 @@ group creation announces itself first. Events are small tuples:
                                              ctx = (mesh handle, dim) when known
     ("ret",)                                 the call returned
     ("fn", name)                             a user function begins
+    ("mesh", shape, names, ranks)            DeviceMesh is about to create the groups of a mesh of this
+                                             shape over these ranks (every replica, row-major)
 """
 
 from __future__ import annotations
@@ -138,6 +140,19 @@ def install(progress: Progress) -> None:
         return group
 
     DeviceMesh.get_group = get_group
+
+    original_init_groups = DeviceMesh._init_process_groups
+
+    def init_process_groups(layout, rank_map, mesh_dim_names, backend_override):
+        try:
+            ranks = tuple(layout.remap_to_tensor(rank_map).flatten().tolist())
+            names = tuple(mesh_dim_names) if mesh_dim_names else None
+            _installed.emit(("mesh", tuple(layout.top_level_sizes), names, ranks))
+        except Exception:
+            pass
+        return original_init_groups(layout, rank_map, mesh_dim_names, backend_override)
+
+    DeviceMesh._init_process_groups = staticmethod(init_process_groups)
 
 
 def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:

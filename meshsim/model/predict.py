@@ -62,14 +62,31 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     if deaths:
         # Peers of a dead rank see whatever their transport reports (connection closed, timeouts).
         prediction.undefined_from = min(deaths)
+    derailed = [f for f in _STATEFUL_FINDINGS if f in findings]
+    if derailed:
+        prediction.undefined_from = _first_step_of(preds, derailed[0])
+        prediction.undefined_finding = derailed[0]
+        return prediction
     collision = name_collision(preds)
-    if collision is not None:
-        # Two different groups made under one name on different ranks: gloo's rendezvous crosses them,
-        # so whether torch hangs, connects the wrong peers or gets lucky is a race.
+    if collision is not None and not any(st.diverges for st in plan.steps[:collision + 1]):
+        # Two different groups made under one name on different ranks although every rank ran the same
+        # plan: gloo's rendezvous crosses them, so whether torch hangs, connects the wrong peers or gets
+        # lucky is a race.
         prediction.findings.add("group-name-collision")
         prediction.undefined_from, prediction.undefined_finding = collision, "group-name-collision"
         prediction.outcome = Quirk(outcome, UNDEFINED, "group-name-collision")
     return prediction
+
+
+def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
+    steps = [i for p in preds for i, o in enumerate(p.observations)
+             if isinstance(o, Quirk) and o.finding == finding]
+    return min(steps, default=0)
+
+
+def predict_rank(plan: Plan, world: int, rank: int) -> list[Any]:
+    """One rank's predicted observations, without simulating the others (for very large worlds)."""
+    return _run_rank(plan, rank, world).prediction.observations
 
 
 def name_collision(preds: list[RankPrediction]) -> int | None:
@@ -397,8 +414,8 @@ _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 def _spec_outcome(plan: Plan, preds: list[RankPrediction], outcome: str, findings: set[str]) -> Any:
     """Where torch's acceptance of a bad mesh derails the run, the right outcome is still a clean pass."""
     for finding in _STATEFUL_FINDINGS:
-        if finding in findings and outcome != "pass":
-            return Quirk("pass", outcome, finding)
+        if finding in findings:
+            return Quirk("pass", UNDEFINED, finding)  # torch derails; where it ends up is a race
     return outcome
 
 

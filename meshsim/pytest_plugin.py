@@ -1,0 +1,103 @@
+"""pytest plugin (auto-loaded through the `pytest11` entry point).
+
+Fixtures:
+    meshsim_cluster   a running cluster shared by the whole session (one per xdist worker), of the topology
+                      given by --meshsim-topology (default 2x4) and --meshsim-backend (default gloo).
+    meshsim_pool      clusters by (topology, backend), started on first use and kept for the session.
+    meshsim           a per-test helper whose cluster follows @pytest.mark.meshsim(topology=..., backend=...),
+                      with .run(plan), .assert_agrees(plan), .check_property(...), .run_fn(fn).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+import pytest
+
+MAX_ALIVE = 2  # clusters kept at once per test process (each rank holds ~200 MB)
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("meshsim", "simulated DeviceMesh clusters")
+    group.addoption("--meshsim-topology", default="2x4", help="HxD of the session cluster (default 2x4)")
+    group.addoption("--meshsim-backend", default="gloo", help="gloo | nccl | auto (default gloo)")
+    group.addoption("--meshsim-deadline", type=float, default=30.0, help="seconds a plan may take (default 30)")
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers", "meshsim(topology='2x4', backend='gloo', deadline=30): the cluster the `meshsim` fixture uses")
+
+
+class ClusterPool:
+    """Clusters by (topology, backend), started lazily and reused; the least recently used is closed."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.clusters: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
+
+    def get(self, topology: str = "2x4", backend: str = "gloo") -> Any:
+        from .cluster import Cluster
+        from .topology import Topology
+
+        key = (topology, backend)
+        if key in self.clusters:
+            self.clusters.move_to_end(key)
+            return self.clusters[key]
+        while len(self.clusters) >= MAX_ALIVE:
+            _, old = self.clusters.popitem(last=False)
+            old.close()
+        cluster = Cluster(Topology.parse(topology), backend=backend, deadline=self.deadline).start()
+        self.clusters[key] = cluster
+        return cluster
+
+    def close(self) -> None:
+        while self.clusters:
+            self.clusters.popitem()[1].close()
+
+
+@pytest.fixture(scope="session")
+def meshsim_pool(request: Any) -> Any:
+    pool = ClusterPool(request.config.getoption("--meshsim-deadline"))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def meshsim_cluster(request: Any, meshsim_pool: ClusterPool) -> Any:
+    return meshsim_pool.get(request.config.getoption("--meshsim-topology"),
+                            request.config.getoption("--meshsim-backend"))
+
+
+class Helper:
+    """What a test needs to drive a cluster."""
+
+    def __init__(self, cluster: Any, deadline: float | None):
+        self.cluster = cluster
+        self.deadline = deadline
+
+    def run(self, plan: Any, deadline: float | None = None) -> Any:
+        return self.cluster.run(plan, deadline=deadline or self.deadline)
+
+    def assert_agrees(self, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
+        from .testing import assert_agrees
+
+        return assert_agrees(self.cluster, plan, deadline=deadline or self.deadline, strict=strict)
+
+    def check_property(self, strategy: Any = None, max_examples: int = 50, **kwargs: Any) -> None:
+        from .testing import check_property
+
+        check_property(self.cluster, strategy, max_examples=max_examples, deadline=self.deadline, **kwargs)
+
+    def run_fn(self, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
+        return self.cluster.run_fn(fn, *args, deadline=deadline or self.deadline, **kwargs)
+
+
+@pytest.fixture
+def meshsim(request: Any, meshsim_pool: ClusterPool) -> Helper:
+    marker = request.node.get_closest_marker("meshsim")
+    options = dict(marker.kwargs) if marker else {}
+    topology = options.get("topology", request.config.getoption("--meshsim-topology"))
+    backend = options.get("backend", request.config.getoption("--meshsim-backend"))
+    return Helper(meshsim_pool.get(topology, backend), options.get("deadline"))

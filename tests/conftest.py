@@ -1,0 +1,9 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# Plans are drawn while the model follows along, and each example may run on real ranks: no per-example
+# deadline, and generation is allowed to be slower than Hypothesis' default budget.
+settings.register_profile("meshsim", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("thorough", parent=settings.get_profile("meshsim"), max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "meshsim"))

@@ -1,0 +1,252 @@
+"""The engine on real ranks: a simulated 2x4 cluster of gloo workers, shared by the whole session."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from meshsim import Plan, Topology, step
+from meshsim.cluster import Cluster, ClusterError
+from meshsim.testing import assert_agrees
+
+S = step
+M2 = S("init_device_mesh", shape=[2, 4], names=["dp", "tp"], out="m")
+M3 = S("init_device_mesh", shape=[2, 2, 2], names=["dp", "cp", "tp"], out="m")
+
+EVERY_OPERATION = {
+    "init 1-D to 5-D, size-1 dims": [S("init_device_mesh", shape=[2, 1, 2, 1, 2], names=list("abcde"), out="m"),
+                                     S("check", mesh="m"), S("init_device_mesh", shape=[8], out="w"),
+                                     S("check", mesh="w")],
+    "unnamed mesh": [S("init_device_mesh", shape=[2, 4], out="m"), S("check", mesh="m"),
+                     S("slice", src="m", names="x", out="s"), S("flatten", src="m", out="f")],
+    "mesh smaller than the world": [S("init_device_mesh", shape=[3], names=["x"], out="m"), S("check", mesh="m")],
+    "explicit permutation": [S("mesh", layout=[[7, 6, 5, 4], [3, 2, 1, 0]], names=["dp", "tp"], out="m"),
+                             S("check", mesh="m"), S("slice", src="m", names="tp", out="t"), S("check", mesh="t")],
+    "explicit subset, sliced": [S("mesh", layout=[[0, 1], [2, 3]], names=["a", "b"], out="m"), S("check", mesh="m"),
+                                S("slice", src="m", names="b", out="t")],
+    "irregular rank map": [S("mesh", layout=[[0, 1, 2, 5], [4, 3, 6, 7]], names=["dp", "tp"], out="m"),
+                           S("check", mesh="m")],
+    "slicing: one, several, nested, illegal": [
+        M3, S("slice", src="m", names=["dp", "tp"], out="a"), S("check", mesh="a"),
+        S("slice", src="a", names="tp", out="b"), S("check", mesh="b"),
+        S("slice", src="m", names=["cp", "dp"], out="c"), S("slice", src="m", names=["dp", "dp"], out="d"),
+        S("slice", src="m", names=["zz"], out="e"), S("slice", src="a", names=["dp", "tp"], out="f")],
+    "size-1 dim skips the order check": [S("init_device_mesh", shape=[2, 1, 4], names=["p", "q", "r"], out="m"),
+                                         S("slice", src="m", names=["r", "q"], out="s"), S("check", mesh="s")],
+    "flatten: default, named, repeated, clash, sliced from root": [
+        M3, S("slice", src="m", names=["dp", "cp"], out="a"), S("flatten", src="a", out="f"), S("check", mesh="f"),
+        S("flatten", src="a", out="f2"), S("flatten", src="a", name="dp", out="f3"),
+        S("slice", src="m", names=["dp", "tp"], out="b"), S("flatten", src="b", name="dp_cp", out="f4"),
+        S("slice", src="m", names="dp_cp", out="g"), S("check", mesh="g"), S("flatten", src="b", out="h"),
+        S("check", mesh="h"), S("slice", src="a", names="dp_cp", out="j")],
+    "unflatten": [S("init_device_mesh", shape=[8], names=["w"], out="m"),
+                  S("unflatten", src="m", dim=0, sizes=[2, 4], names=["a", "b"], out="u"), S("check", mesh="u"),
+                  S("unflatten", src="u", dim="b", sizes=[2, 2], names=["c", "d"], out="v"), S("check", mesh="v"),
+                  S("unflatten", src="u", dim=5, sizes=[2, 2], names=["c", "d"], out="x1"),
+                  S("unflatten", src="u", dim="b", sizes=[2, 3], names=["c", "d"], out="x2"),
+                  S("unflatten", src="u", dim="b", sizes=[2, 2], names=["a", "d"], out="x4"), S("check", mesh="x4")],
+    "concatenate": [M3, S("slice", src="m", names="dp", out="a"), S("slice", src="m", names="tp", out="b"),
+                    S("concatenate", srcs=["a", "b"], out="c"), S("check", mesh="c"),
+                    S("concatenate", srcs=["b", "a"], out="d"), S("check", mesh="d"),
+                    S("concatenate", srcs=["a", "a"], out="e"),
+                    S("init_device_mesh", shape=[8], names=["w"], out="n"), S("concatenate", srcs=["a", "n"], out="f")],
+    "from_group 1-D and N-D": [M2, S("from_group", src="m", dims=["tp"], out="a"), S("check", mesh="a"),
+                               S("from_group", src="m", out="b"), S("check", mesh="b"),
+                               S("from_group", src="m", dims=["tp", "dp"], out="c"), S("check", mesh="c"),
+                               S("new_group", ranks=[1, 3, 5], out="g"),
+                               S("from_group", group="g", names=["x"], out="d"), S("check", mesh="d")],
+    "all_submeshes": [M2, S("all_submeshes", src="m", dim="tp", out="s"), S("check", mesh="s.0"),
+                      S("check", mesh="s.1"), S("all_submeshes", src="m", dim="zz", out="t")],
+    "every query": [M2] + [S("query", mesh="m", what=w) for w in
+                           ("get_all_groups", "get_coordinate", "shape", "ndim", "mesh", "mesh_dim_names", "size")]
+                   + [S("query", mesh="m", what=w, dim=d) for w in ("get_group", "get_local_rank", "size")
+                      for d in (0, 1, "dp", "tp", None, 5, "zz")],
+    "collectives on mesh dims and groups": [
+        M2, S("all_reduce", mesh="m", dim="tp"), S("all_gather", mesh="m", dim=0),
+        S("broadcast", mesh="m", dim="tp", src=2), S("barrier", mesh="m", dim="dp"),
+        S("new_group", ranks=[0, 7], out="g"), S("all_reduce", group="g"), S("all_gather", group="g")],
+    "errors torch must raise": [
+        S("init_device_mesh", shape=[3, 3], names=["a", "b"], out="m", expect_error=True),
+        S("init_device_mesh", shape=[2, 4], names=["a", "a"], out="k"),
+        S("init_device_mesh", shape=[2, 4], names=["a"], out="j")],
+}
+
+
+@pytest.mark.parametrize("name", list(EVERY_OPERATION))
+def test_every_mesh_operation_agrees_with_the_model_on_real_ranks(meshsim_cluster, name):
+    assert_agrees(meshsim_cluster, Plan(tuple(EVERY_OPERATION[name])))
+
+
+def test_non_monotonic_layout_is_reported_as_a_finding_not_a_failure(meshsim_cluster):
+    result = assert_agrees(meshsim_cluster, Plan(tuple(EVERY_OPERATION["explicit permutation"])))
+    assert "group-rank-order" in result.findings
+    strict = meshsim_cluster.run(Plan(tuple(EVERY_OPERATION["explicit permutation"])))
+    strict.strict = True
+    assert not strict.passed
+
+
+def test_workers_get_torchruns_environment_for_their_simulated_host(meshsim_cluster):
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    envs = meshsim_cluster.run_fn(lambda: {k: os.environ[k] for k in keys}).values
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == env["ROLE_RANK"] == str(rank)
+        assert env["LOCAL_RANK"] == str(rank % 4) and env["GROUP_RANK"] == str(rank // 4)
+        assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "8"
+        assert env["LOCAL_WORLD_SIZE"] == "4" and env["GROUP_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(meshsim_cluster.port)
+
+
+def test_torch_subgroup_waits_are_bounded_by_the_deadline(meshsim_cluster):
+    def timeouts():
+        import torch.distributed.distributed_c10d as c10d
+        return c10d.default_pg_timeout.total_seconds()
+
+    (seconds,) = set(meshsim_cluster.run_fn(timeouts, deadline=7).values)
+    assert 7 < seconds < 60  # not torch's 30 minutes
+
+
+def test_groups_a_plan_made_are_destroyed_before_the_next(meshsim_cluster):
+    def live_groups():
+        import torch.distributed.distributed_c10d as c10d
+        return len(c10d._world.pg_map)
+
+    before = meshsim_cluster.run_fn(live_groups).values
+    assert_agrees(meshsim_cluster, Plan((M3, S("slice", src="m", names=["dp", "cp"], out="s"),
+                                         S("flatten", src="s", out="f"), S("check", mesh="f"))))
+    assert meshsim_cluster.run_fn(live_groups).values == before
+
+
+def test_a_rank_building_another_shape_ends_as_a_bounded_hang_naming_it(meshsim_cluster):
+    plan = Plan((S("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m", on_rank={3: {"shape": [4, 2]}}),
+                 S("check", mesh="m")))
+    started = time.monotonic()
+    result = meshsim_cluster.run(plan, deadline=3)
+    assert time.monotonic() - started < 3 + 2
+    assert result.outcome == "hang" and result.passed  # the model predicted the hang
+    assert result.diagnosis.kind == "inconsistent mesh across ranks" and result.culprits == [3]
+    assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))  # fresh workers serve the next plan
+
+
+def test_a_skipped_subgroup_all_reduce_names_rank_collective_group_and_dim(meshsim_cluster):
+    plan = Plan((M2, S("all_reduce", mesh="m", dim="tp", skip_on=[5]), S("check", mesh="m")))
+    result = meshsim_cluster.run(plan, deadline=3)
+    assert result.outcome == "hang" and result.culprits == [5]
+    waits = {w.rank: w for w in result.diagnosis.waits}
+    assert waits[4].call == "all_reduce" and waits[4].group_ranks == [4, 5, 6, 7]
+    assert waits[4].mesh == "m" and waits[4].mesh_dim == "tp" and waits[4].group_coordinate == [1, "*"]
+    assert result.diagnosis.stacks and "all_reduce" in result.diagnosis.stacks[0][1]
+
+
+def test_a_rank_that_dies_ends_the_run_as_a_crash_well_before_the_deadline(meshsim_cluster):
+    plan = Plan((M2, S("kill", only_on=[2]), S("check", mesh="m")))
+    started = time.monotonic()
+    result = meshsim_cluster.run(plan, deadline=20)
+    assert time.monotonic() - started < 5
+    assert result.outcome == "crash" and result.passed and result.culprits == [2]
+
+
+def test_a_user_function_that_hangs_is_diagnosed_with_its_mesh_dim(meshsim_cluster):
+    def skip_on_six():
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        if dist.get_rank() != 6:
+            dist.all_reduce(torch.ones(1), group=mesh.get_group("tp"))
+
+    run = meshsim_cluster.run_fn(skip_on_six, deadline=2)
+    assert run.outcome == "hang" and run.diagnosis.culprits == [6]
+    assert {w.mesh_dim for w in run.diagnosis.waits} == {"tp"}
+
+
+def test_closures_run_on_every_rank_and_exceptions_come_back(meshsim_cluster):
+    offset = 100
+    assert meshsim_cluster.run_fn(lambda: __import__("torch").distributed.get_rank() + offset).values == \
+        list(range(100, 108))
+
+    def fails_on_three():
+        import torch.distributed as dist
+        if dist.get_rank() == 3:
+            raise ValueError("rank three")
+
+    run = meshsim_cluster.run_fn(fails_on_three)
+    assert run.outcome == "error" and run.failed_ranks == [3]
+    assert isinstance(run.results[3].error, ValueError)
+
+
+def _listening_sockets(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and parts[9] in inodes:
+                    found.append(parts[1])
+    return found
+
+
+def test_nothing_listens_beyond_loopback(meshsim_cluster):
+    listening = _listening_sockets(meshsim_cluster.pids + [os.getpid()])
+    assert listening
+    for address in listening:
+        host = address.split(":")[0]
+        assert host in ("0100007F", "00000000000000000000000001000000"), address
+
+
+def test_two_clusters_at_once_do_not_collide(meshsim_cluster):
+    with Cluster(Topology(1, 2), deadline=10) as other:
+        assert other.port != meshsim_cluster.port
+        assert_agrees(other, Plan((S("init_device_mesh", shape=[2], names=["x"], out="m"), S("check", mesh="m"))))
+        assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))
+
+
+def test_asking_for_nccl_without_gpus_is_a_clear_error():
+    with pytest.raises(ClusterError, match="one rank per GPU"):
+        Cluster(Topology(2, 4), backend="nccl")
+
+
+def test_no_worker_outlives_a_controller_killed_with_sigkill(tmp_path):
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from meshsim import Topology
+        from meshsim.cluster import Cluster
+        if __name__ == "__main__":
+            cluster = Cluster(Topology(1, 2), deadline=10).start()
+            print(" ".join(map(str, cluster.pids)), flush=True)
+            time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        proc.kill()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,182 @@
+"""The reference model on its own: DeviceMesh's documented examples, its errors, findings and hangs.
+
+No processes, no torch: these run in milliseconds.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from meshsim.model import Err, Quirk, predict, torch_side
+from meshsim.model.predict import predict_rank
+from meshsim.plan import Plan, step
+
+W = 8
+
+
+def observe(plan_steps, rank, index=-1, world=W):
+    return predict(Plan(tuple(plan_steps)), world).ranks[rank].observations[index]
+
+
+MESH_2D = step("init_device_mesh", shape=[2, 4], names=["dp", "tp"], out="m")
+MESH_3D = step("init_device_mesh", shape=[2, 2, 2], names=["dp", "cp", "tp"], out="m")
+
+
+def test_the_model_imports_no_torch():
+    code = "import sys, meshsim.model, meshsim.plan, meshsim.strategies, meshsim.verdict; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("rank", range(W))
+def test_tp_slice_of_a_2x4_mesh_is_the_ranks_host_row(rank):
+    obs = observe([MESH_2D, step("slice", src="m", names="tp", out="t")], rank)
+    assert obs["mesh"] == ([0, 1, 2, 3] if rank < 4 else [4, 5, 6, 7])
+
+
+@pytest.mark.parametrize("rank", [1, 5])
+def test_dp_slice_on_ranks_1_and_5_is_1_5(rank):
+    assert observe([MESH_2D, step("slice", src="m", names="dp", out="d")], rank)["mesh"] == [1, 5]
+
+
+@pytest.mark.parametrize("rank", range(W))
+def test_get_local_rank_matches_the_docstring(rank):
+    dim0 = observe([MESH_2D, step("query", mesh="m", what="get_local_rank", dim=0)], rank)
+    dim1 = observe([MESH_2D, step("query", mesh="m", what="get_local_rank", dim=1)], rank)
+    assert dim0 == (0 if rank < 4 else 1)
+    assert dim1 == rank % 4
+
+
+@pytest.mark.parametrize("rank, expected", [(0, [[0, 1], [4, 5]]), (5, [[0, 1], [4, 5]]), (2, [[2, 3], [6, 7]])])
+def test_3d_slice_keeps_outer_dim_first(rank, expected):
+    plan = [step("init_device_mesh", shape=[2, 2, 2], names=["dp", "pp", "cp"], out="m"),
+            step("slice", src="m", names=["dp", "cp"], out="s")]
+    assert observe(plan, rank)["mesh"] == expected
+
+
+def test_3d_slice_in_descending_order_raises_as_the_code_does_not_as_the_docstring_says():
+    plan = [step("init_device_mesh", shape=[2, 2, 2], names=["dp", "pp", "cp"], out="m"),
+            step("slice", src="m", names=["cp", "dp"], out="s")]
+    expected = observe(plan, 0)
+    assert isinstance(expected, Quirk) and expected.finding == "slice-order-docstring"
+    assert expected.torch == Err("KeyError", "Mesh dim indices should be in ascending order")
+
+
+@pytest.mark.parametrize("rank, expected", [(0, [0, 2, 4, 6]), (6, [0, 2, 4, 6]), (1, [1, 3, 5, 7])])
+def test_flatten_of_dp_cp_matches_the_docstring(rank, expected):
+    plan = [MESH_3D, step("slice", src="m", names=["dp", "cp"], out="s"), step("flatten", src="s", out="f")]
+    obs = observe(plan, rank)
+    assert obs["mesh"] == expected and obs["names"] == ["dp_cp"]
+
+
+def test_flattening_again_with_the_same_name_and_layout_creates_no_groups():
+    plan = [MESH_3D, step("slice", src="m", names=["dp", "cp"], out="s"), step("flatten", src="s", out="f"),
+            step("flatten", src="s", out="g")]
+    pred = predict(Plan(tuple(plan)), W)
+    creations = [c for c in pred.ranks[0].calls if c.kind == "create"]
+    assert {c.step for c in creations} == {0, 2}
+
+
+def test_flatten_name_clash_raises_value_error():
+    plan = [MESH_3D, step("slice", src="m", names=["dp", "cp"], out="s"), step("flatten", src="s", name="tp", out="f")]
+    assert observe(plan, 0) == Err("ValueError", "already exists for submesh of the")
+
+
+def test_unflatten_of_a_1d_world_mesh():
+    plan = [step("init_device_mesh", shape=[8], names=["w"], out="m"),
+            step("unflatten", src="m", dim=0, sizes=[2, 4], names=["a", "b"], out="u")]
+    assert observe(plan, 3)["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("bad, err", [
+    (step("init_device_mesh", shape=[3, 3], out="x", expect_error=True),
+     Err("RuntimeError", "Mesh should not be bigger than default world size")),
+    (step("init_device_mesh", shape=[2, 4], names=["a", "a"], out="x"), Err("RuntimeError", "must be unique")),
+    (step("slice", src="m", names=["dp", "dp"], out="x"), Err("RuntimeError", "Slicing overlapping dim_names")),
+    (step("slice", src="m", names=["zz"], out="x"), Err("KeyError", "Valid mesh_dim_names are")),
+    (step("unflatten", src="m", dim="tp", sizes=[3, 2], names=["a", "b"], out="x"), Err("ValueError", "must be equal")),
+    (step("all_submeshes", src="m", dim="zz", out="x"), Err("KeyError", "does not exist")),
+    (step("query", mesh="m", what="get_group"), Err("RuntimeError", "Found the DeviceMesh have")),
+])
+def test_illegal_requests_predict_the_error_torch_raises(bad, err):
+    got = observe([MESH_2D, bad], 0)
+    assert isinstance(got, Err) and got.type == err.type and err.match in got.match
+
+
+def test_size_one_dims_drop_out_of_the_slice_order_check():
+    plan = [step("init_device_mesh", shape=[2, 1, 4], names=["p", "q", "r"], out="m"),
+            step("slice", src="m", names=["r", "q"], out="s")]
+    assert observe(plan, 5)["shape"] == [4, 1]
+
+
+def test_ranks_outside_a_subset_mesh_have_no_coordinate_and_no_group():
+    plan = [step("init_device_mesh", shape=[3], names=["x"], out="m"), step("check", mesh="m")]
+    obs = observe(plan, 5)
+    assert obs["coordinate"] is None
+    assert obs["dims"][0]["group"] == Err("IndexError", "list index out of range")
+
+
+def test_non_monotonic_layout_local_rank_is_a_finding():
+    plan = [step("mesh", layout=[[7, 6, 5, 4], [3, 2, 1, 0]], names=["dp", "tp"], out="m"),
+            step("query", mesh="m", what="get_local_rank", dim="tp")]
+    expected = observe(plan, 6)
+    assert expected == Quirk(right=1, torch=2, finding="group-rank-order")
+
+
+def test_a_repeated_rank_should_be_refused_and_torch_derails():
+    plan = Plan((step("mesh", layout=[[0, 1], [1, 2]], names=["a", "b"], out="m"),
+                 step("init_device_mesh", shape=[2, 4], out="n")))
+    pred = predict(plan, 4 * 2)
+    assert "repeated-rank-accepted" in pred.findings
+    assert isinstance(pred.outcome, Quirk) and pred.outcome.right == "pass"
+
+
+def test_skipping_a_subgroup_all_reduce_is_predicted_to_hang_with_the_skipper_as_culprit():
+    plan = Plan((MESH_2D, step("all_reduce", mesh="m", dim="tp", skip_on=[5]), step("check", mesh="m")))
+    pred = predict(plan, W)
+    assert pred.outcome == "hang" and pred.culprits == [5]
+    assert {s.rank for s in pred.stuck} >= {4, 6, 7}
+
+
+def test_a_different_shape_on_one_rank_is_predicted_to_hang():
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m", on_rank={3: {"shape": [4, 2]}}),
+                 step("check", mesh="m")))
+    pred = predict(plan, W)
+    assert pred.outcome == "hang" and pred.culprits == [3]
+
+
+@pytest.mark.parametrize("fault, outcome", [("exit", "crash"), ("kill", "crash"), ("raise", "error")])
+def test_faults_predict_their_outcome(fault, outcome):
+    plan = Plan((MESH_2D, step(fault, only_on=[2]), step("check", mesh="m")))
+    pred = predict(plan, W)
+    assert pred.outcome == outcome and pred.culprits == [2]
+
+
+@pytest.mark.parametrize("seconds, outcome", [(0.5, "pass"), (9.0, "hang")])
+def test_a_straggler_hangs_only_past_the_deadline(seconds, outcome):
+    plan = Plan((MESH_2D, step("sleep", seconds=seconds, only_on=[6]), step("check", mesh="m")))
+    assert predict(plan, W, deadline=5.0).outcome == outcome
+
+
+def test_from_group_then_unflatten_collides_group_names():
+    plan = Plan((MESH_2D, step("from_group", src="m", dims=["tp"], out="t"),
+                 step("unflatten", src="t", dim=0, sizes=[2, 2], names=["a", "b"], out="u")))
+    pred = predict(plan, W)
+    assert pred.undefined_from == 2 and "group-name-collision" in pred.findings
+
+
+def test_check_sees_membership_order_and_broadcast_source_on_every_dim():
+    obs = torch_side(observe([MESH_2D, step("check", mesh="m")], 6))
+    assert obs["coordinate"] == [1, 2]
+    dp, tp = obs["dims"]
+    assert dp["all_reduce"] == [2, 6] and dp["all_gather"] == [2, 6] and dp["broadcast"] == 2
+    assert tp["group"] == [4, 5, 6, 7] and tp["local_rank"] == 2 and tp["broadcast"] == 4
+
+
+def test_the_model_answers_for_one_rank_of_a_100k_rank_world():
+    plan = Plan((step("init_device_mesh", shape=[25, 4, 1000], names=["pp", "dp", "tp"], out="m"),
+                 step("slice", src="m", names=["pp", "tp"], out="s"), step("check", mesh="s", collectives=False)))
+    obs = torch_side(predict_rank(plan, 100_000, 99_999)[2])
+    assert obs["coordinate"] == [24, 999]
+    assert obs["dims"][0]["group"][:3] == [3999, 7999, 11999]

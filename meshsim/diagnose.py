@@ -65,7 +65,7 @@ def diagnose(record: Any, plan: Any = None, prediction: Any = None) -> Diagnosis
     states = record.states
     waits = [_wait(s, states, plan, prediction) for s in states if s.end == "stuck" and s.call is not None]
     waiting = {w.rank for w in waits}
-    elsewhere = {s.rank: s.where for s in states if s.rank not in waiting}
+    elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}
     kind, culprits = _classify(record, waits, plan)
     diagnosis = Diagnosis(KINDS[kind], culprits, "", waits, elsewhere, _group_stacks(record.stacks))
     diagnosis.summary = _summary(diagnosis, states)
@@ -256,6 +256,14 @@ def _plan_divergent(plan: Any, world: int) -> set[int]:
         if st.diverges:
             ranks |= st.divergent_ranks(world)
     return ranks
+
+
+def _last_words(state: Any) -> str:
+    """For a rank that died, the last line it printed (a C++ abort says why)."""
+    if state.end != "died" or not state.output.strip():
+        return ""
+    lines = [line.strip() for line in state.output.strip().splitlines() if line.strip()]
+    return f"; it printed: {lines[-1][:300]}"
 
 
 def _group_stacks(stacks: dict[int, str]) -> list[tuple[list[int], str]]:

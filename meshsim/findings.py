@@ -96,10 +96,13 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
-            "gloo-size-mismatch-silent", "gloo all_reduce with different tensor sizes across ranks",
+            "gloo-size-mismatch-silent", "gloo all_reduce with different tensor sizes across ranks is not refused",
             "torch-wrong",
-            "Ranks passing tensors of different sizes to one all_reduce on gloo are not told; results can be "
-            "wrong. TORCH_DISTRIBUTED_DEBUG=DETAIL catches it at a cost. Right: an error on every rank.",
+            "Ranks passing tensors of different sizes to one all_reduce on gloo are not told. Measured on a "
+            "4-rank group where one rank passes n elements and the others 8: n = 5 or 7 return wrong sums on "
+            "some ranks (e.g. [1,2,1,0,0,0,0,1]) and the rest hang; n <= 4 hang; n >= 9 abort a process "
+            "(gloo::EnforceNotMet 'Received data size doesn't match expected size'). "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL catches it at a cost. Right: an error on every rank.",
             since="2.0.0",
         ),
         Finding(

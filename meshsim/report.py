@@ -13,6 +13,14 @@ from . import findings as F
 from .model import to_json
 
 MAX_ROWS = 6
+LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
+
+
+def make_console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=LOG_WIDTH)
+    return console
 OUTCOME_STYLE = {"pass": "green", "mismatch": "red", "error": "red", "hang": "yellow", "crash": "red"}
 
 

@@ -47,8 +47,9 @@ class Cluster:
     """
 
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = 30.0,
-                 start_timeout: float = 120.0):
+                 start_timeout: float = 120.0, setup: Callable | str | None = None):
         self.topology = topology
+        self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
         self.requested_backend = backend
         self.backend = resolve_backend(backend, topology.world)
         self.deadline = deadline
@@ -112,13 +113,26 @@ class Cluster:
         specs = [
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
                        self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
+                       os.path.join(self._tmp.name, f"output-{number}-{rank}"),
                        max(self.deadline, 30.0) + TORCH_MARGIN_S)
             for rank in range(self.world)
         ]
         generation = Generation(number)
         self.generation = generation
         generation.start(self._ctx, specs, self.start_timeout)
+        if self.setup is not None:
+            self._run_setup()
         return generation
+
+    def _run_setup(self) -> None:
+        from ..functions import run_function
+
+        target = self.setup if callable(self.setup) else _call_by_name
+        args = () if callable(self.setup) else (self.setup,)
+        run = run_function(self, target, args, {}, self.start_timeout)
+        if run.outcome != "pass":
+            raise ClusterError(f"setup {getattr(self.setup, '__name__', self.setup)} failed on the ranks: "
+                               f"{run.summary()}")
 
     def _ensure_generation(self) -> Generation:
         if self._store is None:
@@ -170,6 +184,8 @@ class Cluster:
         generation.send(message)
         prediction = (predict_with or predict)(plan, self.world, deadline) if plan is not None else None
         record = self._follow(generation, started, deadline)
+        for worker in generation.workers:
+            record.states[worker.rank].output = worker.new_output()
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
             for rank, text in record.stacks.items():
@@ -235,6 +251,16 @@ class Cluster:
         from ..functions import run_function
 
         return run_function(self, fn, args, kwargs, deadline)
+
+
+def _call_by_name(target: str) -> None:
+    """Import "package.module:function" on a rank and call it."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    if not name:
+        raise ValueError(f"setup must look like module:function, got {target!r}")
+    getattr(importlib.import_module(module), name)()
 
 
 def _close_all() -> None:

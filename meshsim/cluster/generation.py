@@ -28,8 +28,24 @@ class Worker:
     process: Any
     conn: Connection
     stack_file: str
+    output_file: str = ""
     pid: int = 0
     stack_offset: int = 0
+    output_offset: int = 0
+
+    def new_output(self, limit: int = 4096) -> str:
+        """What the rank printed since the last call (its last `limit` characters)."""
+        try:
+            size = os.path.getsize(self.output_file)
+        except OSError:
+            return ""
+        if size <= self.output_offset:
+            return ""
+        with open(self.output_file, "rb") as fh:
+            fh.seek(max(self.output_offset, size - limit))
+            text = fh.read(size).decode(errors="replace")
+        self.output_offset = size
+        return text
 
     @property
     def alive(self) -> bool:
@@ -51,7 +67,7 @@ class Generation:
                                       name=f"meshsim-rank{spec.rank}")
                 process.start()
                 child.close()
-                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file))
+                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file))
         finally:
             reader.close()
         self._await_ready(timeout_s)
@@ -135,10 +151,11 @@ class Generation:
                 worker.process.join(1.0)
         for worker in self.workers:
             worker.conn.close()
-            try:
-                os.unlink(worker.stack_file)
-            except OSError:
-                pass
+            for path in (worker.stack_file, worker.output_file):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         if self.lifeline is not None:
             self.lifeline.close()
             self.lifeline = None

@@ -29,6 +29,7 @@ class RankState:
     end_step: int | None = None
     exitcode: int | None = None
     stack: str = ""
+    output: str = ""  # what the rank printed (stdout and stderr) during this run
     value: Any = None  # a user function's result
 
     def on_event(self, event: tuple) -> None:

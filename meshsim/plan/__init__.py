@@ -54,14 +54,17 @@ class Step:
         return bool(self.only_on is not None or self.skip_on or self.on_rank)
 
     def divergent_ranks(self, world: int) -> set[int]:
-        """The ranks that depart from what the majority does at this step."""
+        """The ranks at fault when this step's divergence hangs a run.
+
+        Group creation needs every rank, so those that skip it are at fault; for anything else, the
+        minority that does something the others do not.
+        """
         runs = {r for r in range(world) if self.runs_on(r)}
+        skipped = set(range(world)) - runs
         odd = set(self.on_rank) & runs
-        if len(runs) * 2 <= world:
-            odd |= runs
-        else:
-            odd |= set(range(world)) - runs
-        return odd
+        if self.spec.creates_groups or len(runs) * 2 > world:
+            return odd | skipped
+        return odd | runs
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op}

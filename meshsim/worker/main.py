@@ -33,6 +33,7 @@ class WorkerSpec:
     prefix: str  # store prefix of this generation of workers
     backend: str  # gloo | nccl | cpu:gloo,cuda:nccl
     stack_file: str
+    output_file: str  # the rank's stdout and stderr (C++ aborts print there too)
     timeout_s: float
 
 
@@ -53,6 +54,16 @@ def _name_process(name: str) -> None:
             ctypes.CDLL("libc.so.6").prctl(15, ctypes.c_char_p(name.encode()[:15]))
         except OSError:
             pass
+
+
+def _capture_output(path: str) -> None:
+    """Send this rank's stdout and stderr (Python's and C++'s) to its own file, for the report."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _watch_lifeline(lifeline: Any) -> None:
@@ -77,6 +88,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     os.environ.update(topology.env(spec.rank, spec.port))
     if "nccl" in spec.backend:
         os.environ["CUDA_VISIBLE_DEVICES"] = topology.gpu_slice(spec.rank)
+    _capture_output(spec.output_file)
     stacks = open(spec.stack_file, "w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
     try:

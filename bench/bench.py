@@ -1,0 +1,278 @@
+"""meshsim benchmarks, each next to a baseline measured in the same run. Prints tables; asserts nothing.
+
+    python bench/bench.py                 # everything (a few minutes on 2 cores)
+    python bench/bench.py start plans     # some sections: start, plans, fuzz, find, memory
+
+start   cluster ready time for W = 4, 8, 16, 32 (fresh process: forkserver + torch import included),
+        next to torch.multiprocessing spawn of the same ranks joining a gloo world
+plans   plans/s at W = 8 for a mix of 2-D and 3-D meshes with a check step, next to the same torch calls
+        in a raw loop on persistent ranks (no harness), and a spawn-per-test harness
+fuzz    generated examples/s at W = 8 and W = 16
+find    time for `fuzz` to find and shrink a bug injected into DeviceMesh in the workers
+memory  worker RSS and PSS (shared pages split) at W = 8
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+console = Console()
+SHAPES = [((2, 4), ("dp", "tp")), ((2, 2, 2), ("dp", "cp", "tp"))]
+
+
+def _py(code: str, timeout: float = 600) -> dict:
+    """Run code in a fresh interpreter; it prints one JSON line last."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=timeout, cwd=HERE)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------- start
+
+def start_section() -> None:
+    table = Table(title="Cluster start (fresh process each; seconds until every rank has joined)")
+    for col in ("W", "meshsim cold", "meshsim warm (2nd cluster)", "spawn baseline", "speed-up (cold)"):
+        table.add_column(col, justify="right")
+    for hosts, devices in ((1, 4), (2, 4), (2, 8), (4, 8)):
+        world = hosts * devices
+        ours = _py(f"""
+            import time, json
+            t = time.monotonic()
+            from meshsim import Topology
+            from meshsim.cluster import Cluster
+            if __name__ == "__main__":
+                c = Cluster(Topology({hosts}, {devices})).start(); cold = time.monotonic() - t; c.close()
+                t = time.monotonic(); c = Cluster(Topology({hosts}, {devices})).start(); warm = time.monotonic() - t
+                c.close()
+                print(json.dumps({{"cold": cold, "warm": warm}}))
+        """)
+        spawn = _py(f"""
+            import time, json
+            t = time.monotonic()
+            import torch.multiprocessing as mp
+            from bench import spawn_join
+            if __name__ == "__main__":
+                spawn_join({world})
+                print(json.dumps({{"spawn": time.monotonic() - t}}))
+        """)
+        table.add_row(str(world), f"{ours['cold']:.2f}", f"{ours['warm']:.2f}", f"{spawn['spawn']:.2f}",
+                      f"{spawn['spawn'] / ours['cold']:.1f}x")
+    console.print(table)
+
+
+def _join_world(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn_join(world: int) -> None:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp.spawn(_join_world, args=(world, store.port), nprocs=world, join=True)
+
+
+# --------------------------------------------------------------------------------------------- plans
+
+def _raw_rank(rank: int, world: int, port: int, count: int, out: dict) -> None:
+    """The torch calls meshsim makes for a plan, in a bare loop: build, check every dim, barrier, destroy."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    baseline = set(c10d._world.pg_map)
+    dist.barrier()
+    started = time.monotonic()
+    for i in range(count):
+        shape, names = SHAPES[i % 2]
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        for d in range(mesh.ndim):
+            group = mesh.get_group(d)
+            x = torch.zeros(world)
+            x[rank] = 1
+            dist.all_reduce(x, group=group)
+            gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(group.size())]
+            dist.all_gather(gathered, torch.tensor([rank]), group=group)
+            dist.broadcast(torch.tensor([rank]), group=group, group_src=0)
+        dist.barrier()
+        mesh._flatten_mapping.clear()
+        for pg in list(c10d._world.pg_map):
+            if pg not in baseline:
+                dist.destroy_process_group(pg)
+    dist.barrier()
+    if rank == 0:
+        out["rate"] = count / (time.monotonic() - started)
+    dist.destroy_process_group()
+
+
+def raw_loop(world: int, count: int) -> float:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = ctx.Manager()
+    out = manager.dict()
+    procs = [ctx.Process(target=_raw_rank, args=(r, world, store.port, count, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return out["rate"]
+
+
+def _spawn_test_rank(rank: int, world: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    for d in range(mesh.ndim):
+        x = torch.zeros(world)
+        dist.all_reduce(x, group=mesh.get_group(d))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn_per_test(world: int) -> float:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    started = time.monotonic()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp.spawn(_spawn_test_rank, args=(world, store.port), nprocs=world, join=True)
+    return time.monotonic() - started
+
+
+def plans_section(count: int = 60) -> None:
+    from meshsim import Plan, Topology, step
+    from meshsim.cluster import Cluster
+
+    plans = [Plan((step("init_device_mesh", shape=list(s), names=list(n), out="m"), step("check", mesh="m")))
+             for s, n in SHAPES]
+    rates, raws = [], []
+    with Cluster(Topology(2, 4)) as cluster:
+        for p in plans:  # warm both shapes
+            cluster.run(p)
+        for _ in range(3):
+            started = time.monotonic()
+            for i in range(count):
+                assert cluster.run(plans[i % 2]).passed
+            rates.append(count / (time.monotonic() - started))
+            raws.append(raw_loop(8, count))
+    spawn = [spawn_per_test(8) for _ in range(2)]
+    ours, raw = statistics.median(rates), statistics.median(raws)
+    table = Table(title=f"Plans per second at W = 8 (2x4), {count} plans x 3 rounds, medians; (2,4) and (2,2,2) "
+                        "meshes, each with a check step (3 collectives per dim)")
+    for col in ("harness", "plans/s", "vs raw loop"):
+        table.add_column(col, justify="right")
+    table.add_row("raw torch loop (persistent ranks, no checks)", f"{raw:.1f}", "1.00")
+    table.add_row("meshsim (model + verdict per plan)", f"{ours:.1f}", f"{ours / raw:.2f}")
+    table.add_row("spawn per test (8 ranks)", f"{1 / statistics.median(spawn):.2f}", f"{1 / statistics.median(spawn) / raw:.3f}")
+    console.print(table)
+    console.print(f"  rounds: meshsim {', '.join(f'{r:.1f}' for r in rates)}; raw {', '.join(f'{r:.1f}' for r in raws)}; "
+                  f"spawn-per-test {', '.join(f'{s:.1f} s' for s in spawn)}")
+
+
+# --------------------------------------------------------------------------------------------- fuzz
+
+def fuzz_section(examples: int = 150) -> None:
+    from meshsim import Topology
+    from meshsim.cluster import Cluster
+    from meshsim.fuzz import fuzz
+
+    table = Table(title=f"fuzz: generated plans per second ({examples} examples, seed 0)")
+    for col in ("W", "examples/s", "outcomes", "hangs (deadline)"):
+        table.add_column(col, justify="right")
+    for hosts, devices in ((2, 4), (4, 4)):
+        with Cluster(Topology(hosts, devices), deadline=10) as cluster:
+            report = fuzz(cluster, examples, seed=0, deadline=10)
+        table.add_row(str(hosts * devices), f"{report.rate:.1f}", json.dumps(dict(report.outcomes)),
+                      str(report.outcomes.get("hang", 0)))
+    console.print(table)
+
+
+def wrong_local_rank() -> None:
+    """Injected bug: get_local_rank answers for dim 0 whatever dim it is asked about."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.get_local_rank
+    DeviceMesh.get_local_rank = lambda self, mesh_dim=None: original(self, 0 if self.ndim > 1 else mesh_dim)
+
+
+def find_section() -> None:
+    from meshsim import Topology
+    from meshsim.cluster import Cluster
+    from meshsim.fuzz import fuzz
+
+    table = Table(title="fuzz: finding and shrinking a bug injected into DeviceMesh (get_local_rank ignores its dim)")
+    for col in ("seed", "found after", "examples", "shrink runs", "total", "minimal plan"):
+        table.add_column(col)
+    for seed in (0, 1, 2):
+        with Cluster(Topology(2, 4), deadline=10, setup="bench:wrong_local_rank") as cluster:
+            started = time.monotonic()
+            report = fuzz(cluster, 300, seed=seed, deadline=10)
+            total = time.monotonic() - started
+        plan = " ; ".join(report.failure.plan.describe()) if report.failure else "(not found)"
+        table.add_row(str(seed), f"{report.time_to_failure or 0:.1f} s", str(report.examples), str(report.shrink_runs),
+                      f"{total:.1f} s", plan)
+    console.print(table)
+
+
+def memory_section() -> None:
+    from meshsim import Plan, Topology, step
+    from meshsim.cluster import Cluster
+
+    def kib(pid: int, path: str, key: str) -> int:
+        with open(f"/proc/{pid}/{path}") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1])
+        return 0
+
+    with Cluster(Topology(2, 4)) as cluster:
+        cluster.run(Plan((step("init_device_mesh", shape=[2, 2, 2], names=["a", "b", "c"], out="m"),
+                          step("check", mesh="m"))))
+        rss = [kib(p, "status", "VmRSS:") for p in cluster.pids]
+        pss = [kib(p, "smaps_rollup", "Pss:") for p in cluster.pids]
+        threads = [kib(p, "status", "Threads:") for p in cluster.pids]
+    table = Table(title="Worker memory at W = 8 after a plan")
+    for col in ("per worker", "median", "max"):
+        table.add_column(col, justify="right")
+    table.add_row("RSS (MB)", f"{statistics.median(rss) / 1024:.0f}", f"{max(rss) / 1024:.0f}")
+    table.add_row("PSS (MB, shared pages split)", f"{statistics.median(pss) / 1024:.0f}", f"{max(pss) / 1024:.0f}")
+    table.add_row("threads", f"{statistics.median(threads):.0f}", f"{max(threads)}")
+    console.print(table)
+
+
+SECTIONS = {"start": start_section, "plans": plans_section, "fuzz": fuzz_section, "find": find_section,
+            "memory": memory_section}
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    for name in sys.argv[1:] or list(SECTIONS):
+        SECTIONS[name]()

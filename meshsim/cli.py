@@ -1,0 +1,233 @@
+"""The `meshsim` command. Exit codes: 0 as expected, 1 a discrepancy/unexpected hang/crash, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+
+from .report import make_console
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(ValueError):
+    """Bad command-line input (one line, exit 2)."""
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def _cluster_options(parser: argparse.ArgumentParser, deadline: float) -> None:
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
+                        help="gloo on CPU (default), nccl one rank per GPU, auto = nccl when GPUs suffice")
+    parser.add_argument("--deadline", type=_positive(float), default=deadline,
+                        help=f"seconds each plan may take before it is called a hang (default {deadline:g})")
+    parser.add_argument("--setup", metavar="MODULE:FUNCTION",
+                        help="a function every rank runs after it joins (e.g. to install a patched DeviceMesh)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshsim", description=(
+        "A simulated multi-host cluster testbed for PyTorch DeviceMesh correctness."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fz = sub.add_parser("fuzz", help="generated plans on a simulated HxD cluster, checked against the model")
+    fz.add_argument("--hosts", type=_positive(int), default=2)
+    fz.add_argument("--devices-per-host", type=_positive(int), default=4)
+    fz.add_argument("--examples", type=_positive(int), default=200)
+    fz.add_argument("--seed", type=int, default=None, help="the same seed draws the same plans")
+    fz.add_argument("--max-steps", type=_positive(int), default=6)
+    fz.add_argument("--divergent", action="store_true",
+                    help="also draw plans where ranks diverge (skips, faults); these hang by design")
+    fz.add_argument("--strict", action="store_true", help="count known findings as failures too")
+    fz.add_argument("--save", metavar="DIR", default="meshsim-failures",
+                    help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
+    fz.add_argument("--json", action="store_true", help="print the report as JSON")
+    _cluster_options(fz, deadline=10.0)
+
+    run = sub.add_parser("run", help="run scenario files and check that each ends as it expects")
+    run.add_argument("files", nargs="+", metavar="FILE")
+    run.add_argument("--json", action="store_true", help="print results as JSON")
+    run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
+    _cluster_options(run, deadline=0)
+
+    fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
+    fi.add_argument("--json", action="store_true")
+
+    ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
+    ex.add_argument("file", metavar="FILE")
+    ex.add_argument("--rank", type=int, action="append", help="only these ranks (repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .cluster import ClusterError
+    from .plan import PlanError
+    from .scenario import ScenarioError
+    from .topology import TopologyError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError) as exc:
+        make_console(stderr=True).print(f"meshsim: error: {exc}", markup=False, highlight=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .cluster import Cluster
+    from .fuzz import fuzz
+    from .report import render_result
+    from .topology import Topology
+
+    topology = Topology(args.hosts, args.devices_per_host)
+    out = make_console()
+    err = make_console(stderr=True)
+    columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
+    with Cluster(topology, backend=args.backend, deadline=args.deadline, setup=args.setup) as cluster, \
+            Progress(*columns, console=err, transient=True, disable=args.json) as progress:
+        task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
+        started = time.monotonic()
+
+        def on_example(report: Any, result: Any) -> None:
+            if report.shrink_runs:
+                note = f"[red]disagreement found, shrinking ({report.shrink_runs} runs)"
+            else:
+                note = f"{report.examples / max(time.monotonic() - started, 1e-9):.1f} plans/s"
+            progress.update(task, completed=report.examples, note=note)
+
+        report = fuzz(cluster, args.examples, seed=args.seed, deadline=args.deadline, max_steps=args.max_steps,
+                      divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return EXIT_OK if report.passed else EXIT_FAIL
+    out.print(f"{report.examples} plans on {topology} ({cluster.backend}) in {report.elapsed:.1f} s "
+              f"= {report.rate:.1f} plans/s; outcomes {dict(report.outcomes)}")
+    if report.findings:
+        out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
+    if report.passed:
+        out.print("[bold green]torch agrees with the model on every plan[/]")
+        return EXIT_OK
+    out.print(f"[bold red]torch disagrees with the model[/] (found after {report.time_to_failure:.1f} s, "
+              f"shrunk in {report.shrink_runs} runs). Minimal counterexample:")
+    render_result(report.failure, out)
+    if report.saved:
+        out.print(f"saved as {report.saved}; replay with: meshsim run {report.saved}")
+    return EXIT_FAIL
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .cluster import Cluster
+    from .report import render_diagnosis, render_result
+    from .scenario import judge_scenario, load
+
+    scenarios = [load(path, deadline=args.deadline or None) for path in args.files]  # all valid before any runs
+    out = make_console()
+    runs = []
+    clusters: dict[Any, Any] = {}
+    try:
+        for sc in scenarios:
+            cluster = clusters.get(sc.topology)
+            if cluster is None:
+                cluster = clusters[sc.topology] = Cluster(sc.topology, backend=args.backend, deadline=sc.deadline,
+                                                          setup=args.setup).start()
+            result = cluster.run(sc.plan, deadline=sc.deadline)
+            run = judge_scenario(sc, result)
+            runs.append(run)
+            if not args.json:
+                _print_scenario(out, run, render_result, render_diagnosis, not args.no_stacks)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+    if args.json:
+        print(json.dumps([r.to_json() for r in runs], indent=2))
+    else:
+        matched = sum(r.matched for r in runs)
+        style = "green" if matched == len(runs) else "red"
+        out.print(f"[bold {style}]{matched}/{len(runs)} scenarios ended as expected[/]")
+    return EXIT_OK if all(r.matched for r in runs) else EXIT_FAIL
+
+
+def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis: Any, stacks: bool) -> None:
+    sc, result = run.scenario, run.result
+    mark = "[green]as expected[/]" if run.matched else "[red]NOT as expected[/]: " + "; ".join(run.problems)
+    out.print(f"[bold]{sc.name}[/] ({sc.path}, {sc.topology}, deadline {sc.deadline:g} s): "
+              f"{result.outcome} after {result.record.elapsed:.2f} s — {mark}")
+    if result.differences or result.findings:
+        render_result(result, out, show_plan=not run.matched)
+    elif result.diagnosis is not None:
+        render_diagnosis(result.diagnosis, out, stacks=stacks)
+
+
+def cmd_findings(args: argparse.Namespace) -> int:
+    from . import findings as F
+    from .verdict import torch_version
+
+    version = torch_version()
+    if args.json:
+        print(json.dumps([{"id": f.id, "title": f.title, "kind": f.kind, "detail": f.detail, "since": f.since,
+                           "until": f.until, "verified_on": list(f.verified_on), "applies": f.applies(version)}
+                          for f in F.REGISTRY.values()], indent=2))
+        return EXIT_OK
+    out = make_console()
+    for f in F.REGISTRY.values():
+        applies = "applies to" if f.applies(version) else "does not apply to"
+        out.print(f"[bold magenta]{f.id}[/] ({f.kind}; {applies} torch {version}; verified on "
+                  f"{', '.join(f.verified_on)})\n  [bold]{f.title}[/]\n  {f.detail}\n", highlight=False)
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .model import predict, to_json
+    from .scenario import load
+
+    sc = load(args.file)
+    prediction = predict(sc.plan, sc.topology.world, sc.deadline)
+    out = make_console()
+    out.print(f"[bold]{sc.name}[/]: model predicts [bold]{to_json(prediction.outcome)}[/] "
+              f"(culprit ranks {prediction.culprits or 'none'}; findings {sorted(prediction.findings) or 'none'})")
+    for line in sc.plan.describe():
+        out.print(f"  {line}", markup=False, highlight=False)
+    for rank in args.rank or range(sc.topology.world):
+        if not 0 <= rank < sc.topology.world:
+            raise UsageError(f"rank {rank} is not in the world of {sc.topology.world}")
+        out.print(f"[bold]rank {rank}[/] ({prediction.ranks[rank].end})")
+        for index, obs in enumerate(prediction.ranks[rank].observations):
+            out.print(f"  step {index}: {json.dumps(to_json(obs))}", markup=False, highlight=False)
+    for stuck in prediction.stuck:
+        out.print(f"  stuck: rank {stuck.rank} in {stuck.call.describe()} at step {stuck.call.step}, "
+                  f"missing {list(stuck.missing)}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "findings": cmd_findings, "explain": cmd_explain}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Property sweeps: generated plans on one persistent cluster, shrunk to a minimal counterexample."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .scenario import Expect, Scenario
+from .strategies import divergent_plans, plans
+from .testing import Disagreement
+from .topology import Topology
+
+
+@dataclass
+class FuzzReport:
+    topology: Topology
+    examples: int = 0  # plans generated and run (shrinking not counted)
+    shrink_runs: int = 0
+    elapsed: float = 0.0
+    outcomes: Counter = field(default_factory=Counter)
+    findings: Counter = field(default_factory=Counter)
+    failure: Any = None  # the minimal failing Result
+    saved: Path | None = None
+    time_to_failure: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    @property
+    def rate(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def to_json(self) -> dict:
+        return {"topology": str(self.topology), "examples": self.examples, "shrink_runs": self.shrink_runs,
+                "elapsed_s": round(self.elapsed, 2), "examples_per_s": round(self.rate, 2), "passed": self.passed,
+                "outcomes": dict(self.outcomes), "findings": dict(self.findings),
+                "failure": self.failure.to_json() if self.failure is not None else None,
+                "saved": str(self.saved) if self.saved else None}
+
+
+def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = 10.0, max_steps: int = 6,
+         divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
+         on_example: Callable[[FuzzReport, Any], None] | None = None) -> FuzzReport:
+    """Run `examples` generated plans; stop at the first disagreement and shrink it."""
+    report = FuzzReport(cluster.topology)
+    world = cluster.world
+    strategy = plans(world, max_steps=max_steps)
+    if divergent:
+        strategy = st.one_of(strategy, divergent_plans(world))
+    state = {"shrinking": False, "last": None}
+    started = time.monotonic()
+
+    @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
+              phases=[Phase.generate, Phase.shrink], print_blob=False,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(strategy)
+    def torch_agrees_with_model(plan: Any) -> None:
+        result = cluster.run(plan, deadline=deadline)
+        result.strict = strict
+        if state["shrinking"]:
+            report.shrink_runs += 1
+        else:
+            report.examples += 1
+            report.outcomes[result.outcome] += 1
+            for fid in result.findings:
+                report.findings[fid] += 1
+        if on_example is not None:
+            on_example(report, result)
+        if not result.passed:
+            if not state["shrinking"]:
+                report.time_to_failure = time.monotonic() - started
+            state["shrinking"] = True
+            state["last"] = result
+            raise Disagreement(result)
+
+    if seed is not None:
+        torch_agrees_with_model = hypothesis_seed(seed)(torch_agrees_with_model)
+    try:
+        torch_agrees_with_model()
+    except Disagreement as exc:
+        report.failure = exc.result  # Hypothesis re-runs the minimal example last
+    report.elapsed = time.monotonic() - started
+    if report.failure is not None and save_dir is not None:
+        report.saved = save_counterexample(report.failure, cluster.topology, deadline, seed, save_dir)
+    return report
+
+
+def save_counterexample(result: Any, topology: Topology, deadline: float, seed: int | None,
+                        save_dir: str | Path) -> Path:
+    """Write the failing plan as a scenario that `meshsim run` replays (it fails while the bug is there)."""
+    digest = hashlib.sha1(result.plan.to_json().encode()).hexdigest()[:8]
+    expected = result.expected if isinstance(result.expected, str) else result.expected.right
+    if expected == "undefined":
+        expected = "pass"
+    scenario = Scenario(
+        name=f"fuzz-{digest}",
+        topology=topology,
+        plan=result.plan,
+        deadline=deadline,
+        expect=Expect(outcome=expected),
+        description=(f"Found by `meshsim fuzz` (seed {seed}): torch ended {result.outcome} and disagreed with the "
+                     f"model in {len(result.differences)} places. Replays with `meshsim run`."),
+    )
+    return scenario.save(Path(save_dir) / f"{scenario.name}.toml")

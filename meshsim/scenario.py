@@ -1,0 +1,165 @@
+"""Scenario files: a topology, a plan, a deadline, and what must happen. TOML, see scenarios/."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from .plan import Plan, PlanError, validate
+from .topology import Topology, TopologyError
+from .verdict import OUTCOMES
+
+DEFAULT_DEADLINE = 5.0
+EXPECT_KEYS = ("outcome", "culprit_ranks", "kind", "mesh_dim", "findings")
+TOP_KEYS = ("name", "description", "deadline", "topology", "step", "expect")
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Expect:
+    outcome: str = "pass"
+    culprit_ranks: tuple[int, ...] | None = None
+    kind: str | None = None
+    mesh_dim: str | int | None = None
+    findings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    topology: Topology
+    plan: Plan
+    deadline: float = DEFAULT_DEADLINE
+    expect: Expect = field(default_factory=Expect)
+    description: str = ""
+    path: str = ""
+
+    def to_toml(self) -> str:
+        data: dict[str, Any] = {"name": self.name}
+        if self.description:
+            data["description"] = self.description
+        data["deadline"] = self.deadline
+        data["topology"] = {"hosts": self.topology.hosts, "devices_per_host": self.topology.devices_per_host}
+        data.update(self.plan.to_dict())
+        data.pop("name", None)
+        data["name"] = self.name
+        expect: dict[str, Any] = {"outcome": self.expect.outcome}
+        if self.expect.culprit_ranks is not None:
+            expect["culprit_ranks"] = list(self.expect.culprit_ranks)
+        for key in ("kind", "mesh_dim"):
+            if getattr(self.expect, key) is not None:
+                expect[key] = getattr(self.expect, key)
+        if self.expect.findings:
+            expect["findings"] = list(self.expect.findings)
+        data["expect"] = expect
+        return tomli_w.dumps(data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_toml())
+        return path
+
+
+def load(path: str | Path, deadline: float | None = None) -> Scenario:
+    """Read and validate a scenario file; ScenarioError names the file and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: TOML syntax: {exc}") from None
+    try:
+        return parse(data, str(path), deadline)
+    except (PlanError, TopologyError, ScenarioError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario:
+    unknown = set(data) - set(TOP_KEYS)
+    if unknown:
+        raise ScenarioError(f"unknown key {sorted(unknown)[0]!r} (a scenario has {', '.join(TOP_KEYS)})")
+    topo = data.get("topology")
+    if not isinstance(topo, dict) or set(topo) - {"hosts", "devices_per_host"}:
+        raise ScenarioError("needs [topology] with hosts and devices_per_host")
+    topology = Topology(topo.get("hosts"), topo.get("devices_per_host"))
+    plan = validate(Plan.from_dict(data), topology.world)
+    wait = data.get("deadline", DEFAULT_DEADLINE) if deadline is None else deadline
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
+        raise ScenarioError(f"deadline must be a positive number of seconds, got {wait!r}")
+    expect = _expect(data.get("expect", {}), topology.world)
+    name = str(data.get("name") or Path(path).stem or "scenario")
+    return Scenario(name, topology, plan, float(wait), expect, str(data.get("description", "")), path)
+
+
+def _expect(raw: Any, world: int) -> Expect:
+    if not isinstance(raw, dict):
+        raise ScenarioError("[expect] must be a table")
+    unknown = set(raw) - set(EXPECT_KEYS)
+    if unknown:
+        raise ScenarioError(f"[expect] has unknown key {sorted(unknown)[0]!r}; known: {', '.join(EXPECT_KEYS)}")
+    outcome = raw.get("outcome", "pass")
+    if outcome not in OUTCOMES:
+        raise ScenarioError(f"[expect] outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    culprits = raw.get("culprit_ranks")
+    if culprits is not None:
+        if not isinstance(culprits, list) or not all(isinstance(r, int) and 0 <= r < world for r in culprits):
+            raise ScenarioError(f"[expect] culprit_ranks must be ranks of the world (0..{world - 1})")
+        culprits = tuple(sorted(culprits))
+    findings = tuple(raw.get("findings", ()))
+    from . import findings as F
+
+    for fid in findings:
+        if fid not in F.REGISTRY:
+            raise ScenarioError(f"[expect] unknown finding {fid!r}; see `meshsim findings`")
+    return Expect(outcome, culprits, raw.get("kind"), raw.get("mesh_dim"), findings)
+
+
+@dataclass
+class ScenarioRun:
+    scenario: Scenario
+    result: Any
+    problems: list[str]
+
+    @property
+    def matched(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        out = {"scenario": self.scenario.name, "file": self.scenario.path, "matched": self.matched,
+               "problems": self.problems, "expected_outcome": self.scenario.expect.outcome}
+        out.update(self.result.to_json())
+        return out
+
+
+def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
+    """Does the run end as the scenario says it must?"""
+    expect, problems = scenario.expect, []
+    if result.outcome != expect.outcome:
+        problems.append(f"outcome {result.outcome}, expected {expect.outcome}")
+    if expect.outcome == "pass" and result.outcome == "pass" and not result.passed:
+        problems.append("ranks observed something other than the model predicts")
+    diagnosis = result.diagnosis
+    if expect.culprit_ranks is not None and result.outcome == expect.outcome:
+        if tuple(result.culprits) != expect.culprit_ranks:
+            problems.append(f"culprit ranks {list(result.culprits)}, expected {list(expect.culprit_ranks)}")
+    if expect.kind is not None and diagnosis is not None and diagnosis.kind != expect.kind:
+        problems.append(f"diagnosis kind {diagnosis.kind!r}, expected {expect.kind!r}")
+    if expect.mesh_dim is not None and diagnosis is not None:
+        dims = {w.mesh_dim for w in diagnosis.waits}
+        if expect.mesh_dim not in dims:
+            problems.append(f"no waiting rank names mesh dim {expect.mesh_dim!r} (saw {sorted(map(str, dims))})")
+    for fid in expect.findings:
+        if fid not in result.findings:
+            problems.append(f"finding {fid} was expected and not seen")
+    return ScenarioRun(scenario, result, problems)

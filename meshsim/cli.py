@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError) as exc:
-        make_console(stderr=True).print(f"meshsim: error: {exc}", markup=False, highlight=False)
+        print(f"meshsim: error: {exc}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

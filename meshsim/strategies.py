@@ -258,6 +258,15 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
 
 
 @st.composite
+def topology_plans(draw: Any, topologies: list[Topology] | None = None, max_steps: int = 6,
+                   allow_errors: bool = True) -> tuple[Topology, Plan]:
+    """A topology and a plan for its world; shrinks toward the first (smallest) topology listed."""
+    choices = topologies or [Topology(1, 2), Topology(2, 2), Topology(2, 4), Topology(4, 4)]
+    topology = draw(st.sampled_from(sorted(choices, key=lambda t: (t.world, t.hosts))))
+    return topology, draw(plans(topology.world, max_steps=max_steps, allow_errors=allow_errors))
+
+
+@st.composite
 def divergent_plans(draw: Any, world: int) -> Plan:
     """Plans where ranks disagree: a collective skipped, a shape that differs, a rank that raises or dies.
 

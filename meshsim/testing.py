@@ -54,6 +54,27 @@ def check_property(cluster: Any, strategy: Any = None, max_examples: int = 50, d
     torch_agrees_with_model()
 
 
+def check_property_over_topologies(get_cluster: Callable[[Any], Any], topologies: list | None = None,
+                                   max_examples: int = 50, deadline: float | None = None, strict: bool = False,
+                                   **settings_kwargs: Any) -> None:
+    """Like check_property, with the topology drawn too (get_cluster(topology) -> a running cluster).
+
+    Failures shrink toward the smallest topology as well as the shortest plan.
+    """
+    from hypothesis import HealthCheck, given, settings
+
+    from .strategies import topology_plans
+
+    @settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+              **settings_kwargs)
+    @given(topology_plans(topologies))
+    def torch_agrees_with_model_on_every_topology(case: Any) -> None:
+        topology, plan = case
+        assert_agrees(get_cluster(topology), plan, deadline=deadline, strict=strict)
+
+    torch_agrees_with_model_on_every_topology()
+
+
 def run_on_every_rank(cluster: Any, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> list:
     """fn(*args, **kwargs) on every rank; its per-rank return values, or AssertionError with a diagnosis."""
     return cluster.run_fn(fn, *args, deadline=deadline, **kwargs).values

@@ -7,3 +7,5 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("meshsim", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.register_profile("thorough", parent=settings.get_profile("meshsim"), max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "meshsim"))
+
+pytest_plugins = ["pytester"]

@@ -89,6 +89,9 @@ class Step:
                 parts.append(f"{key}={list(value) if isinstance(value, tuple) else value!r}")
         return f"step({', '.join(parts)})"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
     def describe(self) -> str:
         """One line, as a person would write the call."""
         args = ", ".join(f"{k}={_short(v)}" for k, v in self.args.items())
@@ -145,6 +148,9 @@ class Plan:
     def __repr__(self) -> str:
         inner = ",\n    ".join(repr(s) for s in self.steps)
         return f"Plan((\n    {inner},\n))"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))  # Hypothesis prints falsifying plans this way: eval-able, one step a line
 
     @property
     def diverges(self) -> bool:

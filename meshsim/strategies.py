@@ -116,9 +116,9 @@ class _Builder:
 
 
 @st.composite
-def root_steps(draw: Any, world: int, allow_errors: bool = True) -> Step:
+def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | None = None) -> Step:
     """A step that makes a root mesh: init_device_mesh, or DeviceMesh with an explicit rank layout."""
-    shape = draw(mesh_shapes(world))
+    shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(world))
     if allow_errors and draw(st.integers(0, 19)) == 0:
         shape = shape + [2]  # larger than the world now and then: torch must refuse
     named = draw(st.integers(0, 5)) > 0
@@ -232,10 +232,10 @@ _DERIVE = (_slice_step, _slice_step, _flatten_step, _unflatten_step, _concatenat
 
 @st.composite
 def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
-          check_every_mesh: bool = False) -> Plan:
+          check_every_mesh: bool = False, root_numel: int | None = None) -> Plan:
     """SPMD plans: a root mesh, then derived meshes, queries and checks that use earlier results."""
     b = _Builder(world)
-    b.add(draw(root_steps(world, allow_errors)))
+    b.add(draw(root_steps(world, allow_errors, numel=root_numel)))
     for _ in range(draw(st.integers(0, max_steps - 1))):
         meshes = b.meshes()
         if not meshes:
@@ -260,10 +260,19 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
 @st.composite
 def topology_plans(draw: Any, topologies: list[Topology] | None = None, max_steps: int = 6,
                    allow_errors: bool = True) -> tuple[Topology, Plan]:
-    """A topology and a plan for its world; shrinks toward the first (smallest) topology listed."""
-    choices = topologies or [Topology(1, 2), Topology(2, 2), Topology(2, 4), Topology(4, 4)]
-    topology = draw(st.sampled_from(sorted(choices, key=lambda t: (t.world, t.hosts))))
-    return topology, draw(plans(topology.world, max_steps=max_steps, allow_errors=allow_errors))
+    """A topology and a plan for its world, shrinking toward small worlds.
+
+    The root mesh's size is drawn first and the topology follows it (the smallest that holds it, or a larger
+    one drawn on top): when a failing root mesh shrinks, the world shrinks with it, and the rest of the plan
+    keeps its meaning.
+    """
+    choices = sorted(topologies or [Topology(1, 2), Topology(2, 2), Topology(2, 4), Topology(4, 4)],
+                     key=lambda t: (t.world, t.hosts))
+    sizes = sorted({t.world for t in choices})
+    numel = draw(st.sampled_from(sizes))
+    fitting = [t for t in choices if t.world >= numel]
+    topology = fitting[draw(st.integers(0, len(fitting) - 1))]
+    return topology, draw(plans(topology.world, max_steps=max_steps, allow_errors=allow_errors, root_numel=numel))
 
 
 @st.composite

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
     fi.add_argument("--json", action="store_true")
 
+    rc = sub.add_parser("examples", help="every example of PyTorch's DeviceMesh recipe on a simulated 2x4 cluster")
+    rc.add_argument("--json", action="store_true")
+    rc.add_argument("--deadline", type=_positive(float), default=180.0,
+                    help="seconds each example may take (default 180)")
+
     ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
     ex.add_argument("file", metavar="FILE")
     ex.add_argument("--rank", type=int, action="append", help="only these ranks (repeatable)")
@@ -227,7 +232,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "findings": cmd_findings, "explain": cmd_explain}
+def cmd_examples(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .cluster import Cluster
+    from .examples import run_examples
+    from .examples.recipe import TOPOLOGY
+    from .topology import Topology
+
+    with Cluster(Topology(*TOPOLOGY), deadline=args.deadline) as cluster:
+        results = run_examples(cluster, deadline=args.deadline)
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        table = Table(title="The DeviceMesh recipe on a simulated 2 hosts x 4 devices cluster (gloo, CPU)")
+        for col in ("example", "result", "s", "what was checked"):
+            table.add_column(col, overflow="fold")
+        for r in results:
+            table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", f"{r.seconds:.1f}", r.detail)
+        make_console().print(table)
+    return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
+
+
+COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "examples": cmd_examples, "findings": cmd_findings,
+            "explain": cmd_explain}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,360 @@
+"""The recipe's examples. Functions named rank_* run on every rank; the rest runs in the controller."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..model import predict, torch_side
+from ..plan import Plan, step
+
+TOPOLOGY = (2, 4)
+STEPS, LR = 4, 0.1
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclass
+class ExampleResult:
+    name: str
+    passed: bool
+    detail: str
+    seconds: float
+    facts: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"example": self.name, "passed": self.passed, "detail": self.detail,
+                "seconds": round(self.seconds, 2), **self.facts}
+
+
+def model_groups(shape: list[int], names: list[str], world: int, slices: dict[str, list[str]] | None = None
+                 ) -> dict[str, list[list[int]]]:
+    """What the reference model says each rank's group is along each named dim (of the mesh or its slices)."""
+    steps_ = [step("init_device_mesh", shape=shape, names=names, out="m")]
+    for handle, dims in (slices or {}).items():
+        steps_.append(step("slice", src="m", names=dims, out=handle))
+    queries = []
+    for handle, dims in [("m", names)] + list((slices or {}).items()):
+        for dim in dims:
+            queries.append((f"{handle}[{dim}]" if handle != "m" else dim, len(steps_)))
+            steps_.append(step("query", mesh=handle, what="get_group", dim=dim))
+    pred = predict(Plan(tuple(steps_)), world)
+    return {label: [torch_side(pred.ranks[r].observations[i]) for r in range(world)] for label, i in queries}
+
+
+# --------------------------------------------------------------------------------------------- 2-D setup
+
+def rank_two_d_setup() -> dict:
+    """The recipe's 2-D setup without DeviceMesh (groups by hand), then with init_device_mesh."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = int(os.environ["RANK"])
+    # The recipe reads torch.cuda.device_count() on its one 8-GPU node; the simulated cluster has no GPU,
+    # and that node's device count is the world size.
+    num_node_devices = int(os.environ["WORLD_SIZE"])
+    shard_rank_lists = list(range(0, num_node_devices // 2)), list(range(num_node_devices // 2, num_node_devices))
+    shard_groups = (dist.new_group(shard_rank_lists[0]), dist.new_group(shard_rank_lists[1]))
+    current_shard_group = shard_groups[0] if rank in shard_rank_lists[0] else shard_groups[1]
+    current_replicate_group = None
+    shard_factor = len(shard_rank_lists[0])
+    for i in range(num_node_devices // 2):
+        replicate_group_ranks = list(range(i, num_node_devices, shard_factor))
+        replicate_group = dist.new_group(replicate_group_ranks)
+        if rank in replicate_group_ranks:
+            current_replicate_group = replicate_group
+
+    mesh_2d = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+    out: dict[str, Any] = {}
+    for name, by_hand, by_mesh in (("shard", current_shard_group, mesh_2d.get_group(mesh_dim="shard")),
+                                   ("replicate", current_replicate_group, mesh_2d.get_group(mesh_dim="replicate"))):
+        sums = []
+        for group in (by_hand, by_mesh):
+            x = torch.tensor([float(rank + 1)])
+            dist.all_reduce(x, group=group)
+            sums.append(x.item())
+        out[name] = {"by_hand": dist.get_process_group_ranks(by_hand),
+                     "device_mesh": dist.get_process_group_ranks(by_mesh), "all_reduce": sums}
+    return out
+
+
+def check_two_d_setup(values: list[dict], world: int) -> tuple[bool, str, dict]:
+    expected = model_groups([2, 4], ["replicate", "shard"], world)
+    for rank, value in enumerate(values):
+        for dim in ("shard", "replicate"):
+            got = value[dim]
+            if not (got["by_hand"] == got["device_mesh"] == expected[dim][rank]):
+                return False, f"rank {rank} {dim}: by hand {got['by_hand']}, DeviceMesh {got['device_mesh']}, " \
+                              f"model {expected[dim][rank]}", {}
+            want = float(sum(r + 1 for r in expected[dim][rank]))
+            if got["all_reduce"] != [want, want]:
+                return False, f"rank {rank} {dim}: all_reduce by hand/mesh {got['all_reduce']}, expected {want}", {}
+    return True, "hand-made shard and replicate groups equal init_device_mesh's and the model's on all 8 ranks; " \
+                 "all_reduce along each agrees", {}
+
+
+# --------------------------------------------------------------------------------------------- HSDP
+
+def _toy_model() -> Any:
+    import torch.nn as nn
+
+    class ToyModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net1 = nn.Linear(10, 10)
+            self.relu = nn.ReLU()
+            self.net2 = nn.Linear(10, 5)
+
+        def forward(self, x: Any) -> Any:
+            return self.net2(self.relu(self.net1(x)))
+
+    return ToyModel()
+
+
+def _toy_batch(step_: int, world: int) -> tuple[Any, Any]:
+    """The global batch of a step: 4 rows per data-parallel rank, deterministic."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step_)
+    return torch.randn(4 * world, 10, generator=g), torch.randn(4 * world, 5, generator=g)
+
+
+def rank_hsdp(flavour: str) -> dict:
+    """The recipe's ToyModel under hybrid sharding on a (2, 4) mesh, trained on fixed synthetic data."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh_2d = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+    model = _toy_model()
+    if flavour == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=mesh_2d)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import ShardingStrategy
+
+        model = FSDP(model, device_mesh=mesh_2d, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                     device_id=torch.device("cpu"))
+    local = _local_shards(model, flavour)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step_ in range(STEPS):
+        x, y = _toy_batch(step_, world)
+        mine = slice(4 * rank, 4 * rank + 4)
+        loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {"local": local, "full": _full_state(model, flavour)}
+
+
+def _local_shards(model: Any, flavour: str) -> dict:
+    """What this rank holds of each parameter, before training."""
+    if flavour == "fsdp2":
+        return {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _full_state(model: Any, flavour: str) -> dict:
+    if flavour == "fsdp2":
+        return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model):
+        return {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in model.named_parameters()}
+
+
+def reference_hsdp(world: int) -> dict:
+    """The same model, data and optimizer in one process: the whole global batch each step."""
+    import torch
+
+    torch.manual_seed(0)
+    model = _toy_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step_ in range(STEPS):
+        x, y = _toy_batch(step_, world)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_hsdp(values: list[dict], world: int, flavour: str) -> tuple[bool, str, dict]:
+    import torch
+
+    reference = reference_hsdp(world)
+    hosts, per_host = TOPOLOGY
+    worst = 0.0
+    for rank, value in enumerate(values):
+        for name, tensor in value["full"].items():
+            if not torch.allclose(tensor, reference[name], rtol=RTOL, atol=ATOL):
+                return False, f"rank {rank} {name} differs from single-process training by " \
+                              f"{(tensor - reference[name]).abs().max():.2e}", {}
+            worst = max(worst, float((tensor - reference[name]).abs().max()))
+    sharded = _sharding_facts(values, hosts, per_host, flavour)
+    if not sharded["sharded_within_host"] or not sharded["replicated_across_hosts"]:
+        return False, f"parameters are not laid out as HSDP should: {sharded}", sharded
+    return True, (f"{flavour}: each parameter is split across the 4 ranks of a host and identical across the 2 "
+                  f"hosts; after {STEPS} SGD steps every rank's full parameters equal single-process training "
+                  f"(max |diff| {worst:.1e})"), dict(sharded, max_abs_diff=worst)
+
+
+def _sharding_facts(values: list[dict], hosts: int, per_host: int, flavour: str) -> dict:
+    """Within a host the 4 ranks hold different pieces that together cover every parameter; across hosts,
+    ranks with the same local rank hold identical pieces."""
+    import torch
+
+    full = sum(t.numel() for t in values[0]["full"].values())
+    within = across = True
+    for host in range(hosts):
+        pieces = [values[host * per_host + i]["local"] for i in range(per_host)]
+        sizes = [sum(t.numel() for t in p.values()) for p in pieces]
+        within &= all(size < full for size in sizes) and sum(sizes) >= full
+        within &= any(any(not torch.equal(pieces[0][n], p[n]) for n in p) for p in pieces[1:])
+    for local in range(per_host):
+        same = [values[h * per_host + local]["local"] for h in range(hosts)]
+        across &= all(all(torch.equal(same[0][n], p[n]) for n in p) for p in same[1:])
+    return {"sharded_within_host": bool(within), "replicated_across_hosts": bool(across),
+            "parameters": full, "held_per_rank": sum(t.numel() for t in values[0]["local"].values())}
+
+
+# --------------------------------------------------------------------------------------------- 3-D
+
+def rank_three_d() -> dict:
+    """The recipe's custom-parallelism example, verbatim but for the device type."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh_3d = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("replicate", "shard", "tp"))
+    hsdp_mesh = mesh_3d["replicate", "shard"]
+    tp_mesh = mesh_3d["tp"]
+    replicate_group = hsdp_mesh["replicate"].get_group()
+    shard_group = hsdp_mesh["shard"].get_group()
+    tp_group = tp_mesh.get_group()
+    return {label: dist.get_process_group_ranks(g) for label, g in
+            (("hsdp[replicate]", replicate_group), ("hsdp[shard]", shard_group), ("tp", tp_group))}
+
+
+def check_three_d(values: list[dict], world: int) -> tuple[bool, str, dict]:
+    expected = model_groups([2, 2, 2], ["replicate", "shard", "tp"], world, {"hsdp": ["replicate", "shard"]})
+    wanted = {"hsdp[replicate]": expected["hsdp[replicate]"], "hsdp[shard]": expected["hsdp[shard]"],
+              "tp": expected["tp"]}
+    for rank, value in enumerate(values):
+        for label, groups in wanted.items():
+            if value[label] != groups[rank]:
+                return False, f"rank {rank} {label}: torch {value[label]}, model {groups[rank]}", {}
+    return True, "mesh_3d['replicate', 'shard'] and mesh_3d['tp'] groups equal the model's on all 8 ranks", {}
+
+
+# --------------------------------------------------------------------------------------------- DDP
+
+def _quickstart_network() -> Any:
+    import torch.nn as nn
+
+    class NeuralNetwork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flatten = nn.Flatten()
+            self.linear_relu_stack = nn.Sequential(nn.Linear(28 * 28, 512), nn.ReLU(), nn.Linear(512, 512),
+                                                   nn.ReLU(), nn.Linear(512, 10))
+
+        def forward(self, x: Any) -> Any:
+            return self.linear_relu_stack(self.flatten(x))
+
+    return NeuralNetwork()
+
+
+def _fashion_batch(step_: int, size: int) -> tuple[Any, Any]:
+    """A FashionMNIST-shaped batch (N, 1, 28, 28) with labels 0..9, deterministic per step."""
+    import torch
+
+    g = torch.Generator().manual_seed(2000 + step_)
+    return torch.rand(size, 1, 28, 28, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def rank_ddp_replicate() -> dict:
+    """The quickstart's NeuralNetwork, data-parallel over the 'replicate' dim of a (2, 4) mesh."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    mesh_2d = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+    replicas = mesh_2d.size(0)
+    index = mesh_2d.get_local_rank("replicate")
+    model = DDP(_quickstart_network(), process_group=mesh_2d.get_group("replicate"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    per_replica = 16
+    for step_ in range(STEPS):
+        x, y = _fashion_batch(step_, per_replica * replicas)
+        mine = slice(per_replica * index, per_replica * (index + 1))
+        loss = loss_fn(model(x[mine]), y[mine])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {n.replace("module.", "", 1): p.detach().clone() for n, p in model.named_parameters()}
+
+
+def reference_ddp(replicas: int) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    model = _quickstart_network()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step_ in range(STEPS):
+        x, y = _fashion_batch(step_, 16 * replicas)
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_ddp(values: list[dict], world: int) -> tuple[bool, str, dict]:
+    import torch
+
+    reference = reference_ddp(TOPOLOGY[0])
+    worst = 0.0
+    for rank, value in enumerate(values):
+        for name, tensor in value.items():
+            diff = float((tensor - reference[name]).abs().max())
+            worst = max(worst, diff)
+            if not torch.allclose(tensor, reference[name], rtol=RTOL, atol=ATOL):
+                return False, f"rank {rank} {name} differs from single-process training by {diff:.2e}", {}
+    return True, (f"DDP over each 'replicate' group (pairs [0,4], [1,5], ...): after {STEPS} steps every rank "
+                  f"equals single-process training on the pair's data (max |diff| {worst:.1e})"), \
+        {"max_abs_diff": worst}
+
+
+# --------------------------------------------------------------------------------------------- running
+
+EXAMPLES: dict[str, tuple[Callable, tuple, Callable]] = {
+    "2-D setup without DeviceMesh": (rank_two_d_setup, (), check_two_d_setup),
+    "HSDP with FSDP HYBRID_SHARD": (rank_hsdp, ("fsdp1",), lambda v, w: check_hsdp(v, w, "fsdp1")),
+    "HSDP with FSDP2 fully_shard": (rank_hsdp, ("fsdp2",), lambda v, w: check_hsdp(v, w, "fsdp2")),
+    "3-D mesh: HSDP + TP slices": (rank_three_d, (), check_three_d),
+    "DDP on the replicate dim": (rank_ddp_replicate, (), check_ddp),
+}
+
+
+def run_examples(cluster: Any, names: list[str] | None = None, deadline: float = 120.0) -> list[ExampleResult]:
+    results = []
+    for name in names or list(EXAMPLES):
+        fn, args, check = EXAMPLES[name]
+        started = time.monotonic()
+        run = cluster.run_fn(fn, *args, deadline=deadline)
+        if run.outcome != "pass":
+            results.append(ExampleResult(name, False, run.summary(), time.monotonic() - started))
+            continue
+        passed, detail, facts = check(run.values, cluster.world)
+        results.append(ExampleResult(name, passed, detail, time.monotonic() - started, facts))
+    return results

@@ -70,6 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
     fi.add_argument("--json", action="store_true")
 
+    ni = sub.add_parser("nightly", help="the standard suite (passing scenarios, a seeded fuzz budget, the recipe) "
+                                       "with one report; under torchrun, on the ranks torchrun started")
+    ni.add_argument("--hosts", type=_positive(int), default=2)
+    ni.add_argument("--devices-per-host", type=_positive(int), default=4)
+    ni.add_argument("--examples", type=int, default=300, help="fuzz budget in plans (default 300)")
+    ni.add_argument("--seed", type=int, default=None, help="fuzz seed (default: today's date, e.g. 20261122)")
+    ni.add_argument("--scenarios", default="scenarios", metavar="DIR",
+                    help="scenarios to include (those expecting pass on this world; default ./scenarios)")
+    ni.add_argument("--json-out", metavar="FILE", help="write the report as JSON")
+    ni.add_argument("--junit", metavar="FILE", help="write the report as JUnit XML")
+    ni.add_argument("--save", metavar="DIR", default="meshsim-failures", help="where a fuzz counterexample goes")
+    ni.add_argument("--no-examples", action="store_true", help="leave out the recipe examples")
+    ni.add_argument("--torchrun", action="store_true",
+                    help="run as a torchrun rank (detected from torchrun's environment anyway)")
+    ni.add_argument("--backend", default="auto", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
+                    help="auto (default) = nccl with one GPU per rank when there are enough, else gloo")
+    ni.add_argument("--deadline", type=_positive(float), default=10.0, help="seconds per plan (default 10)")
+    ni.add_argument("--setup", metavar="MODULE:FUNCTION", help="a function every rank runs after it joins")
+
     rc = sub.add_parser("examples", help="every example of PyTorch's DeviceMesh recipe on a simulated 2x4 cluster")
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--deadline", type=_positive(float), default=180.0,
@@ -232,6 +251,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from .nightly import default_seed, render, run_local, write_outputs
+    from .topology import Topology
+    from .torchrun import main as torchrun_main
+    from .torchrun import under_torchrun
+
+    if args.seed is None:
+        args.seed = default_seed()
+    if args.examples < 0:
+        raise UsageError("--examples must be 0 or more")
+    if args.torchrun or under_torchrun():
+        return torchrun_main(args)
+    report = run_local(Topology(args.hosts, args.devices_per_host), args.backend, args.scenarios, args.examples,
+                       args.seed, args.deadline, args.save, with_examples=not args.no_examples, setup=args.setup)
+    render(report, make_console())
+    write_outputs(report, args.json_out, args.junit)
+    return EXIT_OK if report.passed else EXIT_FAIL
+
+
 def cmd_examples(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -254,7 +292,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
 
 
-COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "examples": cmd_examples, "findings": cmd_findings,
+COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
             "explain": cmd_explain}
 
 if __name__ == "__main__":

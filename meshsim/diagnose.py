@@ -282,10 +282,12 @@ def _normalise_stack(text: str) -> str:
     for block in blocks:
         if "meshsim/worker/main.py" in block and " in watch" in block:
             continue  # the lifeline watcher thread
+        if "meshsim/torchrun.py" in block and " in own_stack" in block:
+            continue  # the torchrun watchdog, taking this very dump
         lines = []
         for line in block.splitlines():
-            if "meshsim/worker/main.py" in line or "multiprocessing/" in line:
-                break  # below here: the worker's command loop and process bootstrap
+            if "meshsim/worker/main.py" in line or "multiprocessing/" in line or "meshsim/torchrun.py" in line:
+                break  # below here: meshsim's command loop and process bootstrap
             if "meshsim/worker/progress.py" in line or "c10d_logger.py" in line:
                 continue  # the instrumentation wrapper
             lines.append(line.rstrip())

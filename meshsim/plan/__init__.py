@@ -331,6 +331,9 @@ def _check_field(name: str, kind: str, value: Any, kinds: dict[str, str], world:
     elif kind == O.BOOL:
         if not isinstance(value, bool):
             raise PlanError(f"{where} must be true or false")
+    elif kind == O.DEVICE:
+        if value not in ("cpu", "cuda"):
+            raise PlanError(f"{where} must be 'cpu' or 'cuda'")
     elif kind == O.QUERY:
         if value not in O.QUERIES:
             raise PlanError(f"{where} must be one of {', '.join(O.QUERIES)}")

@@ -26,6 +26,7 @@ INT = "int"
 TEXT = "text"
 BOOL = "bool"
 QUERY = "query"  # one of QUERIES
+DEVICE = "device"  # "cpu" or "cuda": a mesh's device type (with the mixed backend a plan can use both)
 
 QUERIES = (
     "get_group",
@@ -65,10 +66,10 @@ _COLLECTIVE_FIELDS = {"mesh": MESH, "dim": DIM, "group": GROUP}
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec("init_device_mesh", {"shape": SHAPE, "names": NAMES}, ("shape",), PRODUCES_MESH, True,
-               doc="init_device_mesh(device_type, shape, mesh_dim_names=names)"),
-        OpSpec("mesh", {"layout": LAYOUT, "names": NAMES}, ("layout",), PRODUCES_MESH, True,
-               doc="DeviceMesh(device_type, layout, mesh_dim_names=names): explicit ranks, any order, any subset"),
+        OpSpec("init_device_mesh", {"shape": SHAPE, "names": NAMES, "device": DEVICE}, ("shape",), PRODUCES_MESH,
+               True, doc="init_device_mesh(device, shape, mesh_dim_names=names); device defaults to the backend's"),
+        OpSpec("mesh", {"layout": LAYOUT, "names": NAMES, "device": DEVICE}, ("layout",), PRODUCES_MESH, True,
+               doc="DeviceMesh(device, layout, mesh_dim_names=names): explicit ranks, any order, any subset"),
         OpSpec("slice", {"src": MESH, "names": NAME_OR_NAMES}, ("src", "names"), PRODUCES_MESH,
                doc="src[names]"),
         OpSpec("flatten", {"src": MESH, "name": NAME}, ("src",), PRODUCES_MESH, True,

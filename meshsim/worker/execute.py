@@ -44,7 +44,11 @@ class Executor:
 
     @property
     def device(self) -> torch.device:
-        if self.device_type == "cuda":
+        return self.device_of(self.device_type)
+
+    @staticmethod
+    def device_of(device_type: str) -> torch.device:
+        if device_type == "cuda":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
@@ -121,12 +125,13 @@ class Executor:
 
     def op_init_device_mesh(self, a: dict) -> DeviceMesh:
         names = a.get("names")
-        return init_device_mesh(self.device_type, tuple(a["shape"]),
+        return init_device_mesh(a.get("device", self.device_type), tuple(a["shape"]),
                                 mesh_dim_names=tuple(names) if names is not None else None)
 
     def op_mesh(self, a: dict) -> DeviceMesh:
         names = a.get("names")
-        return DeviceMesh(self.device_type, a["layout"], mesh_dim_names=tuple(names) if names is not None else None)
+        return DeviceMesh(a.get("device", self.device_type), a["layout"],
+                          mesh_dim_names=tuple(names) if names is not None else None)
 
     def op_slice(self, a: dict) -> DeviceMesh:
         names = a["names"]
@@ -153,7 +158,7 @@ class Executor:
         if names is None and src.mesh_dim_names:
             names = [src.mesh_dim_names[d] if isinstance(d, int) else d for d in dims]
         if len(dims) == 1:
-            return DeviceMesh.from_group(groups[0], self.device_type, mesh=layout,
+            return DeviceMesh.from_group(groups[0], src.device_type, mesh=layout,
                                          mesh_dim_names=tuple(names) if names else None)
         if layout is None:
             coordinate = src.get_coordinate()
@@ -162,7 +167,7 @@ class Executor:
             indices = [src.mesh_dim_names.index(d) if isinstance(d, str) else d for d in dims]
             flat, shape = restrict_view(src.mesh.tolist(), tuple(coordinate), tuple(src.shape), indices)
             layout = torch.tensor(flat, dtype=torch.int).reshape(shape)
-        return DeviceMesh.from_group(groups, self.device_type, mesh=layout,
+        return DeviceMesh.from_group(groups, src.device_type, mesh=layout,
                                      mesh_dim_names=tuple(names) if names else None)
 
     def op_all_submeshes(self, a: dict) -> list[DeviceMesh]:
@@ -213,25 +218,26 @@ class Executor:
                 entry["local_rank_by_name"] = _attempt(lambda: mesh.get_local_rank(names[index]))
             if a.get("collectives", True):
                 self.progress.context = (handle, names[index] if names else index)
-                entry["all_reduce"] = self.all_reduce(group, self.world)
-                entry["all_gather"] = self.all_gather(group)
-                entry["broadcast"] = self.broadcast(group, 0)
+                device = self.device_of(mesh.device_type)
+                entry["all_reduce"] = self.all_reduce(group, self.world, device)
+                entry["all_gather"] = self.all_gather(group, device)
+                entry["broadcast"] = self.broadcast(group, 0, device)
             obs["dims"].append(entry)
         obs["all_groups"] = _attempt(lambda: [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()])
         return obs
 
     # ------------------------------------------------------------------ collectives
 
-    def collective_group(self, a: dict) -> Any:
+    def collective_group(self, a: dict) -> tuple[Any, torch.device]:
         if "group" in a:
-            return self.resolve(a["group"])
+            return self.resolve(a["group"]), self.device
         mesh = self.mesh(a["mesh"])
         dim = a.get("dim")
         self.progress.context = (a["mesh"], dim)
-        return mesh.get_group(dim)
+        return mesh.get_group(dim), self.device_of(mesh.device_type)
 
-    def all_reduce(self, group: Any, numel: int) -> Any:
-        x = torch.zeros(numel, device=self.device)
+    def all_reduce(self, group: Any, numel: int, device: torch.device) -> Any:
+        x = torch.zeros(numel, device=device)
         if self.rank < numel:
             x[self.rank] = 1
         dist.all_reduce(x, group=group)
@@ -240,13 +246,13 @@ class Executor:
             return [i for i, v in enumerate(values) if v == 1.0]
         return values
 
-    def all_gather(self, group: Any) -> list[int]:
-        out = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(out, torch.tensor([self.rank], device=self.device), group=group)
+    def all_gather(self, group: Any, device: torch.device) -> list[int]:
+        out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, torch.tensor([self.rank], device=device), group=group)
         return [int(t.item()) for t in out]
 
-    def broadcast(self, group: Any, src: int) -> int:
-        t = torch.tensor([self.rank], device=self.device)
+    def broadcast(self, group: Any, src: int, device: torch.device) -> int:
+        t = torch.tensor([self.rank], device=device)
         dist.broadcast(t, group=group, group_src=src)
         return int(t.item())
 
@@ -254,19 +260,19 @@ class Executor:
         return not isinstance(group, dist.ProcessGroup)
 
     def op_all_reduce(self, a: dict) -> Any:
-        group = self.collective_group(a)
-        return None if self._non_member(group) else self.all_reduce(group, a.get("numel", self.world))
+        group, device = self.collective_group(a)
+        return None if self._non_member(group) else self.all_reduce(group, a.get("numel", self.world), device)
 
     def op_all_gather(self, a: dict) -> Any:
-        group = self.collective_group(a)
-        return None if self._non_member(group) else self.all_gather(group)
+        group, device = self.collective_group(a)
+        return None if self._non_member(group) else self.all_gather(group, device)
 
     def op_broadcast(self, a: dict) -> Any:
-        group = self.collective_group(a)
-        return None if self._non_member(group) else self.broadcast(group, a.get("src", 0))
+        group, device = self.collective_group(a)
+        return None if self._non_member(group) else self.broadcast(group, a.get("src", 0), device)
 
     def op_barrier(self, a: dict) -> Any:
-        group = self.collective_group(a)
+        group, _ = self.collective_group(a)
         if not self._non_member(group):
             dist.barrier(group=group)
         return None

@@ -106,10 +106,11 @@ REGISTRY: dict[str, Finding] = {
             since="2.0.0",
         ),
         Finding(
-            "localtensormode-not-an-oracle", "LocalTensorMode gets per-rank results wrong for irregular rank maps",
-            "torch-wrong",
-            "torch.distributed._local_tensor.LocalTensorMode computes per-rank results of meshes such as "
-            "[[0,1,2,5],[4,3,6,7]] incorrectly, so it cannot stand in for real ranks. meshsim uses real ranks.",
+            "localtensormode-not-an-oracle", "LocalTensorMode disagrees with real ranks on irregular rank maps",
+            "torch-inconsistent",
+            "torch.distributed._local_tensor.LocalTensorMode answers get_local_rank with the mesh coordinate; "
+            "real ranks answer with the index in the sorted group. On [[0,1,2,5],[4,3,6,7]] it says rank 3 has "
+            "tp local rank 1 where rank 3 itself gets 0. It cannot stand in for real ranks; meshsim uses them.",
             since="2.9.0",
         ),
     )

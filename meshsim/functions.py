@@ -1,6 +1,7 @@
 """Run a user's own function on every rank of a cluster, under the same deadline and diagnosis as plans.
 
-The function travels with dill (so closures and lambdas defined inside a test work) and runs with the
+The function travels pickled by the `multiprocess` package's dill-based pickler (so closures and lambdas
+defined inside a test work) and runs with the
 default process group initialised and torchrun's environment set. Every torch.distributed collective and
 group creation it makes is reported live, so a hang in user code is diagnosed like a hang in a plan.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dill
+from multiprocess.reduction import ForkingPickler
 
 
 @dataclass
@@ -62,7 +64,7 @@ def run_function(cluster: Any, fn: Callable, args: tuple, kwargs: dict, deadline
     from .diagnose import diagnose
 
     deadline = cluster.deadline if deadline is None else deadline
-    payload = dill.dumps((fn, args, kwargs), recurse=True)
+    payload = bytes(ForkingPickler.dumps((fn, args, kwargs)))
     record, _ = cluster.execute(("fn", payload, deadline), deadline)
     results = [_rank_result(state) for state in record.states]
     if record.died:

@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from .model import predict, torch_side
+from .model.predict import UNDEFINED
 from .scenario import Expect, Scenario
 from .strategies import divergent_plans, plans
 from .testing import Disagreement
@@ -47,10 +49,18 @@ class FuzzReport:
                 "saved": str(self.saved) if self.saved else None}
 
 
+EXPECTED_HANG_DEADLINE = 3.0  # a plan the model says must hang only needs long enough to show it
+
+
 def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = 10.0, max_steps: int = 6,
          divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
-         on_example: Callable[[FuzzReport, Any], None] | None = None) -> FuzzReport:
-    """Run `examples` generated plans; stop at the first disagreement and shrink it."""
+         on_example: Callable[[FuzzReport, Any], None] | None = None,
+         expected_hang_deadline: float = EXPECTED_HANG_DEADLINE) -> FuzzReport:
+    """Run `examples` generated plans; stop at the first disagreement and shrink it.
+
+    Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
+    deadline would only confirm the prediction more slowly.
+    """
     report = FuzzReport(cluster.topology)
     world = cluster.world
     strategy = plans(world, max_steps=max_steps)
@@ -64,7 +74,11 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(strategy)
     def torch_agrees_with_model(plan: Any) -> None:
-        result = cluster.run(plan, deadline=deadline)
+        prediction = predict(plan, world, deadline)
+        wait = deadline
+        if torch_side(prediction.outcome) in ("hang", UNDEFINED):
+            wait = min(deadline, expected_hang_deadline)
+        result = cluster.run(plan, deadline=wait, predict_with=lambda *_: prediction)
         result.strict = strict
         if state["shrinking"]:
             report.shrink_runs += 1

@@ -250,3 +250,28 @@ def _alive(pid):
             return fh.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+LOCAL_TENSOR_MODE = """
+import json, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import DeviceMesh
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+with LocalTensorMode(8):
+    mesh = DeviceMesh("cpu", [[0, 1, 2, 5], [4, 3, 6, 7]], mesh_dim_names=("dp", "tp"))
+    print(json.dumps({str(r): v for r, v in mesh.get_local_rank("tp").node._local_ints.items()}))
+"""
+
+
+def test_local_tensor_mode_is_not_an_oracle_for_irregular_rank_maps(meshsim_cluster):
+    """The registry's localtensormode-not-an-oracle finding, measured: it disagrees with real ranks."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", LOCAL_TENSOR_MODE], capture_output=True, text=True, timeout=120)
+    simulated = {int(r): v for r, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    plan = Plan((S("mesh", layout=[[0, 1, 2, 5], [4, 3, 6, 7]], names=["dp", "tp"], out="m"),
+                 S("query", mesh="m", what="get_local_rank", dim="tp")))
+    real = {s.rank: s.observations[1] for s in meshsim_cluster.run(plan).record.states}
+    assert real[3] == 0 and simulated[3] == 1
+    assert real != simulated

@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-console = Console()
+TESTS = os.path.join(os.path.dirname(HERE), "tests")  # the injected bugs live with the tests (faults.py)
+console = Console(width=160)
 SHAPES = [((2, 4), ("dp", "tp")), ((2, 2, 2), ("dp", "cp", "tp"))]
 
 
@@ -216,30 +217,24 @@ def fuzz_section(examples: int = 150) -> None:
     console.print(table)
 
 
-def wrong_local_rank() -> None:
-    """Injected bug: get_local_rank answers for dim 0 whatever dim it is asked about."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    original = DeviceMesh.get_local_rank
-    DeviceMesh.get_local_rank = lambda self, mesh_dim=None: original(self, 0 if self.ndim > 1 else mesh_dim)
-
-
 def find_section() -> None:
     from meshsim import Topology
     from meshsim.cluster import Cluster
     from meshsim.fuzz import fuzz
 
-    table = Table(title="fuzz: finding and shrinking a bug injected into DeviceMesh (get_local_rank ignores its dim)")
-    for col in ("seed", "found after", "examples", "shrink runs", "total", "minimal plan"):
-        table.add_column(col)
-    for seed in (0, 1, 2):
-        with Cluster(Topology(2, 4), deadline=10, setup="bench:wrong_local_rank") as cluster:
-            started = time.monotonic()
-            report = fuzz(cluster, 300, seed=seed, deadline=10)
-            total = time.monotonic() - started
-        plan = " ; ".join(report.failure.plan.describe()) if report.failure else "(not found)"
-        table.add_row(str(seed), f"{report.time_to_failure or 0:.1f} s", str(report.examples), str(report.shrink_runs),
-                      f"{total:.1f} s", plan)
+    table = Table(title="fuzz at W = 8: finding and shrinking bugs injected into DeviceMesh in the workers "
+                        "(tests/faults.py)")
+    for col in ("bug", "seed", "found after", "plans to find", "shrink runs", "find + shrink", "minimal plan"):
+        table.add_column(col, overflow="fold")
+    for fault in ("wrong_local_rank", "slices_lose_a_rank"):
+        for seed in (0, 1, 2):
+            with Cluster(Topology(2, 4), deadline=10, setup=f"faults:{fault}") as cluster:
+                started = time.monotonic()
+                report = fuzz(cluster, 300, seed=seed, deadline=10)
+                total = time.monotonic() - started
+            plan = " ; ".join(report.failure.plan.describe()) if report.failure else "(not found in 300)"
+            table.add_row(fault, str(seed), f"{report.time_to_failure or 0:.2f} s", str(report.examples),
+                          str(report.shrink_runs), f"{total:.1f} s", plan)
     console.print(table)
 
 
@@ -273,6 +268,6 @@ SECTIONS = {"start": start_section, "plans": plans_section, "fuzz": fuzz_section
             "memory": memory_section}
 
 if __name__ == "__main__":
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [HERE, TESTS]  # before the first cluster: its workers import from both
     for name in sys.argv[1:] or list(SECTIONS):
         SECTIONS[name]()

@@ -123,7 +123,13 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from .cluster import Cluster
     from .fuzz import fuzz

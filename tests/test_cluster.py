@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import alive
 
 from meshsim import Plan, Topology, step
 from meshsim.cluster import Cluster, ClusterError
@@ -233,23 +234,16 @@ def test_no_worker_outlives_a_controller_killed_with_sigkill(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in pids)
+        assert not any(alive(p) for p in pids)
     finally:
         proc.kill()
 
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 LOCAL_TENSOR_MODE = """

@@ -3,7 +3,13 @@
 import torch
 
 from meshsim.examples import EXAMPLES, run_examples
-from meshsim.examples.recipe import check_ddp, check_hsdp, check_three_d, check_two_d_setup, model_groups
+from meshsim.examples.recipe import (
+    check_ddp,
+    check_hsdp,
+    check_three_d,
+    check_two_d_setup,
+    model_groups,
+)
 
 
 def test_every_recipe_example_passes_on_a_simulated_2x4_cluster(meshsim_cluster):

@@ -3,6 +3,8 @@
 import os
 import time
 
+from helpers import alive
+
 PLUGIN_TESTS = '''
 import os
 import pytest
@@ -51,14 +53,6 @@ def test_plugin_under_xdist_gives_each_worker_a_cluster_and_leaves_no_process(py
     pids = [int(p) for line in pids_file.read_text().split("\n") for p in line.split()]
     assert len(pids) >= 4
     deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids)
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
+    assert not any(alive(p) for p in pids)

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from helpers import alive
 
 from meshsim import cli
 from meshsim.scenario import ScenarioError, judge_scenario, load
@@ -34,7 +35,7 @@ def test_scenario_ends_as_it_expects_within_its_deadline(meshsim_pool, path):
     run = judge_scenario(scenario, result)
     assert run.matched, run.problems
     if result.outcome in ("hang", "crash", "error") and result.record.timed_out or result.record.died:
-        assert not any(_alive(p) for p in old_pids)  # stuck workers were killed, none left behind
+        assert not any(alive(p) for p in old_pids)  # stuck workers were killed, none left behind
     # and the cluster is healthy for the next one
     assert cluster.run(load(SCENARIOS[0]).plan).passed
 
@@ -97,11 +98,3 @@ def test_invalid_file_exit_code_from_the_shell(tmp_path):
 def test_a_missing_file_is_a_clear_error():
     with pytest.raises(ScenarioError, match="cannot read"):
         load("/nonexistent/scenario.toml")
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False

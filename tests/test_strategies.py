@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from meshsim.model import predict
 from meshsim.plan import validate
-from meshsim.strategies import dim_names, divergent_plans, mesh_shapes, plans, rank_layouts, topologies
+from meshsim.strategies import (
+    dim_names,
+    divergent_plans,
+    mesh_shapes,
+    plans,
+    rank_layouts,
+    topologies,
+)
 
 
 @given(topologies(max_world=32))

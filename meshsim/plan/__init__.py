@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import tomli_w
+import tomllib
 
 from . import ops as O
 from .ops import OPS, STEP_KEYS, OpSpec

@@ -214,8 +214,9 @@ class Executor:
             entry["group"] = dist.get_process_group_ranks(group)
             entry["local_rank"] = mesh.get_local_rank(index)
             if names:
-                entry["group_by_name"] = _attempt(lambda: dist.get_process_group_ranks(mesh.get_group(names[index])))
-                entry["local_rank_by_name"] = _attempt(lambda: mesh.get_local_rank(names[index]))
+                name = names[index]
+                entry["group_by_name"] = _attempt(lambda: dist.get_process_group_ranks(mesh.get_group(name)))
+                entry["local_rank_by_name"] = _attempt(mesh.get_local_rank, name)
             if a.get("collectives", True):
                 self.progress.context = (handle, names[index] if names else index)
                 device = self.device_of(mesh.device_type)
@@ -298,8 +299,8 @@ def _coordinate(mesh: DeviceMesh) -> list[int] | None:
     return list(coordinate) if coordinate is not None else None
 
 
-def _attempt(fn) -> Any:
+def _attempt(fn, *args) -> Any:
     try:
-        return fn()
+        return fn(*args)
     except Exception as exc:
         return error_value(exc)

@@ -123,7 +123,7 @@ def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int]
         return "straggler", stragglers
     if not waits:
         return "unknown", []
-    if waits[0].call == "new_group" or any(w.call == "new_group" for w in waits):
+    if any(w.call == "new_group" for w in waits):
         return _classify_creation(states, waits)
     return _classify_collectives(states, waits, plan)
 
@@ -190,13 +190,6 @@ def _smaller_camps(camps: list[list[int]]) -> list[int]:
     return sorted(r for c in camps if len(c) < largest for r in c)
 
 
-def _minority(states: list, waits: list[Wait], others: list[int]) -> list[int]:
-    """Of two camps that disagree, the smaller one (ties: the camp that others wait for)."""
-    waiting = sorted({w.rank for w in waits} - set(others))
-    camp = sorted(set(others))
-    return camp if len(camp) <= len(waiting) or not waiting else waiting
-
-
 def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[str, list[int]]:
     """Follow who waits for whom to the root of the wait.
 
@@ -206,7 +199,7 @@ def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[s
     different groups: calls made in a different order.
     """
     waiting = {w.rank: w for w in waits}
-    divergent = _plan_divergent(plan, len(states)) if plan is not None else set()
+    divergent = plan.divergent_ranks(len(states)) if plan is not None else set()
 
     def downstream(w: Wait) -> bool:
         return bool(w.missing) and all(m in waiting and waiting[m].group_name != w.group_name for m in w.missing)
@@ -248,14 +241,6 @@ def _first_divergence(states: list, wait: Wait, divergent: set[int]) -> set[int]
                      default=None)
         return {m for m, v in seen.items() if v == latest or v is None}
     return set()
-
-
-def _plan_divergent(plan: Any, world: int) -> set[int]:
-    ranks: set[int] = set()
-    for st in plan.steps:
-        if st.diverges:
-            ranks |= st.divergent_ranks(world)
-    return ranks
 
 
 def _last_words(state: Any) -> str:

@@ -269,3 +269,12 @@ def test_local_tensor_mode_is_not_an_oracle_for_irregular_rank_maps(meshsim_clus
     real = {s.rank: s.observations[1] for s in meshsim_cluster.run(plan).record.states}
     assert real[3] == 0 and simulated[3] == 1
     assert real != simulated
+
+
+def test_a_rank_aborted_by_cpp_is_reported_with_its_last_words(meshsim_cluster):
+    plan = Plan((M2, S("all_reduce", mesh="m", dim="tp", on_rank={2: {"numel": 16}})))
+    result = meshsim_cluster.run(plan, deadline=5)
+    assert result.outcome == "crash" and result.passed  # a known finding: gloo does not refuse the sizes
+    assert "gloo-size-mismatch-silent" in result.findings
+    dead = [where for where in result.diagnosis.elsewhere.values() if "died" in where]
+    assert dead and any("doesn't match expected size" in where for where in dead)

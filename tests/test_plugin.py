@@ -1,6 +1,5 @@
 """The pytest plugin: fixtures, marker, helpers; xdist workers each get their own cluster, nothing leaks."""
 
-import os
 import time
 
 from helpers import alive

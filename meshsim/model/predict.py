@@ -445,10 +445,7 @@ def _culprits(plan: Plan, world: int, preds: list[RankPrediction], stuck: list[S
         late = {p.rank for p in preds if p.slept >= deadline}
         if late:
             return sorted(late)
-    divergent: set[int] = set()
-    for st in plan.steps:
-        if st.diverges:
-            divergent |= st.divergent_ranks(world)
+    divergent = plan.divergent_ranks(world)
     if divergent:
         return sorted(divergent)
     return sorted({m for s in stuck for m in s.missing})

@@ -156,6 +156,10 @@ class Plan:
     def diverges(self) -> bool:
         return any(s.diverges for s in self.steps)
 
+    def divergent_ranks(self, world: int) -> set[int]:
+        """The ranks at fault for the plan's divergence (see Step.divergent_ranks)."""
+        return {r for s in self.steps if s.diverges for r in s.divergent_ranks(world)}
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": [s.to_dict() for s in self.steps]}
         if self.name:

@@ -278,3 +278,13 @@ def test_a_rank_aborted_by_cpp_is_reported_with_its_last_words(meshsim_cluster):
     assert "gloo-size-mismatch-silent" in result.findings
     dead = [where for where in result.diagnosis.elsewhere.values() if "died" in where]
     assert dead and any("doesn't match expected size" in where for where in dead)
+
+
+def test_a_worker_killed_between_plans_is_replaced_before_the_next(meshsim_cluster):
+    victim = meshsim_cluster.pids[3]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while alive(victim) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    result = assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))
+    assert result.outcome == "pass" and victim not in meshsim_cluster.pids

@@ -137,6 +137,8 @@ class Cluster:
     def _ensure_generation(self) -> Generation:
         if self._store is None:
             raise ClusterError("the cluster is not started (use `with Cluster(...)` or .start())")
+        if self.generation is not None and not all(w.alive for w in self.generation.workers):
+            self.restart()  # a rank died between plans (killed from outside): start afresh
         if self.generation is None:
             return self._new_generation()
         return self.generation

@@ -49,7 +49,15 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return self.process.exitcode is None
+        if self.process.exitcode is not None:
+            return False
+        if self.pid and os.path.exists("/proc"):  # the exit status reaches us late through the forkserver
+            try:
+                with open(f"/proc/{self.pid}/stat") as fh:
+                    return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+        return True
 
 
 @dataclass

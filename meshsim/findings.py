@@ -77,6 +77,14 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
+            "unflatten-bare-assertion", "_unflatten of a non-contiguous flattened dim fails with a bare AssertionError",
+            "torch-wrong",
+            "On a (2, 2, 3) mesh, m['a', 'c']._flatten() enumerates positions [0, 1, 2, 6, 7, 8]; _unflatten(0, "
+            "(3, 2), ...) cannot be laid out and torch raises AssertionError() with no message from its layout "
+            "algebra. Right: a ValueError that says the sizes cut across the flattened dims.",
+            since="2.9.0",
+        ),
+        Finding(
             "get-group-name-shadowed-by-flatten", "get_group(name) prefers the root's flattened dims over the mesh's own",
             "torch-wrong",
             "get_group/get_local_rank look a name up in the root mesh's _flatten_mapping before the mesh's own "

@@ -226,11 +226,12 @@ class TorchrunRunner:
             observations, end, end_step = self.executor.run(plan)
             self.progress.finish(end, end_step)
             self.store.set(f"result/{index}/{self.rank}", json.dumps([observations, end, end_step]))
+            self.store.set(f"groups/{index}/{self.rank}", str(self.c10d._world.group_count))
             store_barrier(self.store, f"ran/{index}", self.world, deadline + BACKSTOP_S)
             self.watchdog.disarm()
             if self.rank == 0:
                 self.report.items.append(self._judge(index, suite, name, plan, deadline, started))
-            self._teardown()
+            self._teardown(1 + max(int(self.store.get(f"groups/{index}/{r}")) for r in range(self.world)))
             store_barrier(self.store, f"clean/{index}", self.world, deadline + BACKSTOP_S)
         return self._finish()
 
@@ -250,7 +251,8 @@ class TorchrunRunner:
         return Item(suite, name, result.passed, record.elapsed, detail,
                     {"outcome": result.outcome, "findings": sorted(result.findings)})
 
-    def _teardown(self) -> None:
+    def _teardown(self, next_group_count: int) -> None:
+        """As a cluster worker's teardown (meshsim.worker.main.Rank.teardown)."""
         from torch.distributed.device_mesh import DeviceMesh
 
         from .worker.progress import forget_groups
@@ -264,6 +266,7 @@ class TorchrunRunner:
             if pg not in self.baseline:
                 self.dist.destroy_process_group(pg)
         forget_groups()
+        self.c10d._world.group_count = next_group_count
 
     def _finish(self) -> int:
         code = 0

@@ -208,6 +208,16 @@ def test_nothing_listens_beyond_loopback(meshsim_cluster):
         assert host in ("0100007F", "00000000000000000000000001000000"), address
 
 
+@pytest.mark.meshsim(topology="2x6")
+def test_unflatten_across_flattened_dims_raises_a_bare_assertion(meshsim):
+    plan = Plan((S("init_device_mesh", shape=[2, 2, 3], names=["a", "b", "c"], out="m"),
+                 S("slice", src="m", names=["a", "c"], out="s"), S("flatten", src="s", out="f"),
+                 S("unflatten", src="f", dim=0, sizes=[3, 2], names=["x", "y"], out="u"),
+                 S("unflatten", src="f", dim=0, sizes=[2, 3], names=["x", "y"], out="v"), S("check", mesh="v")))
+    result = meshsim.assert_agrees(plan)
+    assert "unflatten-bare-assertion" in result.findings
+
+
 def test_two_clusters_at_once_do_not_collide(meshsim_cluster):
     with Cluster(Topology(1, 2), deadline=10) as other:
         assert other.port != meshsim_cluster.port

@@ -36,7 +36,12 @@ def test_unflatten_then_flatten_gives_back_the_dim(shape, data):
     flat = L.collapse(tuple(layout[i] for i in keep))
     size = L.size_of(flat)
     sizes = data.draw(mesh_shapes(size, allow_smaller=False, max_dims=3))
-    parts = L.split(flat, tuple(sizes))
+    try:
+        parts = L.split(flat, tuple(sizes))
+    except L.LayoutError:
+        # Only a dim flattened from non-adjacent dims (several modes) can refuse sizes that cut across them.
+        assert len(flat) > 1
+        return
     assert L.collapse(parts) == flat
     assert L.sizes_of(parts) == tuple(sizes)
 

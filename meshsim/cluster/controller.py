@@ -193,8 +193,12 @@ class Cluster:
             for rank, text in record.stacks.items():
                 record.states[rank].stack = text
             self.restart()
+            try:
+                self._new_generation()  # fresh ranks now, so the cluster is ready when the caller gets the result
+            except ClusterError:
+                self.generation = None  # the next run tries again and reports why it cannot start
         else:
-            generation.send(("teardown",))
+            generation.send(("teardown", max(s.group_count for s in record.states) + 1))
         return record, prediction
 
     def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
@@ -236,11 +240,11 @@ class Cluster:
                 message = worker.conn.recv()
                 kind = message[0]
                 if kind == "result":
-                    state.observations, state.end, state.end_step = message[1], message[2], message[3]
+                    state.observations, state.end, state.end_step, state.group_count = message[1:5]
                     state.done = True
                     return "result"
                 if kind == "fn_result":
-                    ok, state.value = message[1], message[2]
+                    ok, state.value, state.group_count = message[1:4]
                     state.end, state.done = ("finished" if ok else "raised"), True
                     return "result"
                 state.on_event(message)

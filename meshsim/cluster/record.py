@@ -31,6 +31,7 @@ class RankState:
     stack: str = ""
     output: str = ""  # what the rank printed (stdout and stderr) during this run
     value: Any = None  # a user function's result
+    group_count: int = 0  # torch's group counter on the rank when it finished
 
     def on_event(self, event: tuple) -> None:
         kind = event[0]

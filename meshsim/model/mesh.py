@@ -278,7 +278,8 @@ class RankModel:
         try:
             parts = L.split(target, tuple(sizes))
         except L.LayoutError:
-            raise ModelRaise(Err(None, "")) from None
+            self.findings.add("unflatten-bare-assertion")
+            raise ModelRaise(Quirk(Err(None, ""), Err("AssertionError", ""), "unflatten-bare-assertion")) from None
         if mesh.names is None:
             raise ModelRaise(Err("TypeError", "Invariant encountered"))
         axes = list(mesh.layout)

@@ -143,12 +143,12 @@ class Rank:
             if kind == "plan":
                 self.bound_waits(message[2])
                 observations, end, end_step = self.executor.run(message[1])
-                self.conn.send(("result", observations, end, end_step))
+                self.conn.send(("result", observations, end, end_step, self.c10d._world.group_count))
             elif kind == "fn":
                 self.bound_waits(message[2])
-                self.conn.send(self.run_function(message[1]))
+                self.conn.send(self.run_function(message[1]) + (self.c10d._world.group_count,))
             elif kind == "teardown":
-                self.teardown()
+                self.teardown(message[1])
             elif kind == "stop":
                 self.dist.destroy_process_group()
                 os._exit(0)
@@ -176,8 +176,13 @@ class Rank:
             text = "".join(traceback.format_exception(exc))
             return ("fn_result", False, _dumps((exc, text)))
 
-    def teardown(self) -> None:
-        """Destroy what the last plan made. Every rank has finished it, so no group is still connecting."""
+    def teardown(self, next_group_count: int) -> None:
+        """Destroy what the last plan made. Every rank has finished it, so no group is still connecting.
+
+        Then every rank continues its group names from the same number, above any name used so far: a plan
+        that made ranks create different numbers of groups must not make the next plan's names disagree
+        (gloo's rendezvous is keyed by the name, and a stale key from an old group leads nowhere).
+        """
         from torch.distributed.device_mesh import DeviceMesh
 
         from .progress import forget_groups
@@ -197,6 +202,7 @@ class Rank:
                 except Exception:
                     pass
         forget_groups()
+        self.c10d._world.group_count = next_group_count
 
 
 def _dumps(value: Any) -> bytes:

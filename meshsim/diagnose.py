@@ -66,9 +66,9 @@ def diagnose(record: Any, plan: Any = None, prediction: Any = None) -> Diagnosis
     waits = [_wait(s, states, plan, prediction) for s in states if s.end == "stuck" and s.call is not None]
     waiting = {w.rank for w in waits}
     elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}
-    kind, culprits = _classify(record, waits, plan)
+    kind, culprits, note = _classify(record, waits, plan)
     diagnosis = Diagnosis(KINDS[kind], culprits, "", waits, elsewhere, _group_stacks(record.stacks))
-    diagnosis.summary = _summary(diagnosis, states)
+    diagnosis.summary = _summary(diagnosis, states) + (f" {note}" if note else "")
     return diagnosis
 
 
@@ -112,23 +112,23 @@ def _group_coordinate(state: Any, plan: Any, prediction: Any, handle: str | None
     return None
 
 
-def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int]]:
+def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int], str]:
     states = record.states
     if record.died:
-        return "dead", record.died
+        return "dead", record.died, ""
     if record.raised:
-        return "raised", record.raised
+        return "raised", record.raised, ""
     stragglers = [s.rank for s in states if s.end == "stuck" and s.call is None]
     if stragglers and (not waits or any(m in stragglers for w in waits for m in w.missing)):
-        return "straggler", stragglers
+        return "straggler", stragglers, ""
     if not waits:
-        return "unknown", []
+        return "unknown", [], ""
     if any(w.call == "new_group" for w in waits):
         return _classify_creation(states, waits)
     return _classify_collectives(states, waits, plan)
 
 
-def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]:
+def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int], str]:
     diverged = _mesh_divergence(states)
     if diverged is not None:
         return diverged
@@ -141,17 +141,17 @@ def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int]]
             if ranks is not None:
                 camps.setdefault(ranks, []).append(s.rank)
         if len(camps) > 1:
-            return "inconsistent", _smaller_camps(list(camps.values()))
+            return "inconsistent", _smaller_camps(list(camps.values())), ""
     # The same group under another name: some ranks created groups that others skipped, so the group
     # counters drifted. Those that skipped (fewer creations) are at fault.
     counts = {s.rank: s.groups_created for s in states}
     involved = {m for w in creating for m in w.group_ranks}
     top = max(counts[r] for r in involved)
     behind = sorted(r for r in involved if counts[r] < top)
-    return "subset", behind or sorted({m for w in creating for m in w.missing})
+    return "subset", behind or sorted({m for w in creating for m in w.missing}), ""
 
 
-def _mesh_divergence(states: list) -> tuple[str, list[int]] | None:
+def _mesh_divergence(states: list) -> tuple[str, list[int], str] | None:
     """Compare the meshes each rank built (shape and ranks), in order; the first disagreement explains.
 
     A rank waiting to create the groups of an earlier mesh has not got there yet and is left out.
@@ -167,14 +167,35 @@ def _mesh_divergence(states: list) -> tuple[str, list[int]] | None:
         if len(camps) < 2:
             continue
         built = {key: ranks for key, ranks in camps.items() if key is not None}
+        note = _describe_camps(camps)
         if None in camps and len(built) == 1:
-            return "subset", sorted(camps[None])
+            return "subset", sorted(camps[None]), note
         for key, ranks in built.items():
             ahead = [s for s in states if s.rank not in ranks and len(s.meshes) > k + 1]
             if any(_mesh_key(s.meshes[k + 1]) == key for s in ahead):
-                return "subset", sorted(ranks + camps.get(None, []))  # they skipped a mesh the others built
-        return "inconsistent", _smaller_camps(list(camps.values()))
+                return "subset", sorted(ranks + camps.get(None, [])), note  # they skipped a mesh the others built
+        return "inconsistent", _smaller_camps(list(camps.values())), note
     return None
+
+
+def _describe_camps(camps: dict) -> str:
+    parts = []
+    for key, ranks in sorted(camps.items(), key=lambda kv: -len(kv[1])):
+        who = f"rank{'s' if len(ranks) > 1 else ''} {_ranks_text(ranks)}"
+        if key is None:
+            parts.append(f"{who} built no mesh there")
+        else:
+            shape, members = key
+            parts.append(f"{who} built a {tuple(shape)} mesh over {_ranks_text(sorted(set(members)))}")
+        if len(parts) == 3:
+            break
+    return "The meshes disagree: " + "; ".join(parts) + "."
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    from .report import ranks_text
+
+    return ranks_text(ranks)
 
 
 def _mesh_key(entry: tuple) -> tuple:
@@ -190,7 +211,7 @@ def _smaller_camps(camps: list[list[int]]) -> list[int]:
     return sorted(r for c in camps if len(c) < largest for r in c)
 
 
-def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[str, list[int]]:
+def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[str, list[int], str]:
     """Follow who waits for whom to the root of the wait.
 
     A rank whose missing peers wait on *other* groups is only downstream of the problem. Waits whose
@@ -209,11 +230,11 @@ def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[s
         camps = Counter(w.group_name for w in waits)
         (first, _), = camps.most_common(1)
         minority = sorted(w.rank for w in waits if w.group_name != first)
-        return "reordered", sorted(divergent & set(waiting)) or minority
+        return "reordered", sorted(divergent & set(waiting)) or minority, ""
     culprits: set[int] = set()
     for w in roots:
         culprits |= _first_divergence(states, w, divergent)
-    return "skipped", sorted(culprits) or sorted({m for w in roots for m in w.missing})
+    return "skipped", sorted(culprits) or sorted({m for w in roots for m in w.missing}), ""
 
 
 def _first_divergence(states: list, wait: Wait, divergent: set[int]) -> set[int]:

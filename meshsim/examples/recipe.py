@@ -198,7 +198,7 @@ def check_hsdp(values: list[dict], world: int, flavour: str) -> tuple[bool, str,
                 return False, f"rank {rank} {name} differs from single-process training by " \
                               f"{(tensor - reference[name]).abs().max():.2e}", {}
             worst = max(worst, float((tensor - reference[name]).abs().max()))
-    sharded = _sharding_facts(values, hosts, per_host, flavour)
+    sharded = _sharding_facts(values, hosts, per_host)
     if not sharded["sharded_within_host"] or not sharded["replicated_across_hosts"]:
         return False, f"parameters are not laid out as HSDP should: {sharded}", sharded
     return True, (f"{flavour}: each parameter is split across the 4 ranks of a host and identical across the 2 "
@@ -206,7 +206,7 @@ def check_hsdp(values: list[dict], world: int, flavour: str) -> tuple[bool, str,
                   f"(max |diff| {worst:.1e})"), dict(sharded, max_abs_diff=worst)
 
 
-def _sharding_facts(values: list[dict], hosts: int, per_host: int, flavour: str) -> dict:
+def _sharding_facts(values: list[dict], hosts: int, per_host: int) -> dict:
     """Within a host the 4 ranks hold different pieces that together cover every parameter; across hosts,
     ranks with the same local rank hold identical pieces."""
     import torch

@@ -54,8 +54,8 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
-    outcome = _outcome(preds, stuck, mismatched, deadline)
-    spec_outcome = _spec_outcome(plan, preds, outcome, findings)
+    outcome = _outcome(preds, stuck, deadline)
+    spec_outcome = _spec_outcome(outcome, findings)
     culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
     prediction = Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
     deaths = [p.end_step for p in preds if p.end == "died"]
@@ -411,7 +411,7 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
     return stuck, mismatched
 
 
-def _outcome(preds: list[RankPrediction], stuck: list[Stuck], mismatched: list, deadline: float | None) -> str:
+def _outcome(preds: list[RankPrediction], stuck: list[Stuck], deadline: float | None) -> str:
     if any(p.end == "died" for p in preds):
         return "crash"
     if any(p.end == "raised" for p in preds):
@@ -426,7 +426,7 @@ def _outcome(preds: list[RankPrediction], stuck: list[Stuck], mismatched: list, 
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 
 
-def _spec_outcome(plan: Plan, preds: list[RankPrediction], outcome: str, findings: set[str]) -> Any:
+def _spec_outcome(outcome: str, findings: set[str]) -> Any:
     """Where torch's acceptance of a bad mesh derails the run, the right outcome is still a clean pass."""
     for finding in _STATEFUL_FINDINGS:
         if finding in findings:

@@ -231,7 +231,8 @@ class TorchrunRunner:
             self.watchdog.disarm()
             if self.rank == 0:
                 self.report.items.append(self._judge(index, suite, name, plan, deadline, started))
-            self._teardown(1 + max(int(self.store.get(f"groups/{index}/{r}")) for r in range(self.world)))
+            self.executor.release(self.baseline,
+                                  1 + max(int(self.store.get(f"groups/{index}/{r}")) for r in range(self.world)))
             store_barrier(self.store, f"clean/{index}", self.world, deadline + BACKSTOP_S)
         return self._finish()
 
@@ -250,23 +251,6 @@ class TorchrunRunner:
         detail = result.outcome if result.passed else render_text(result)
         return Item(suite, name, result.passed, record.elapsed, detail,
                     {"outcome": result.outcome, "findings": sorted(result.findings)})
-
-    def _teardown(self, next_group_count: int) -> None:
-        """As a cluster worker's teardown (meshsim.worker.main.Rank.teardown)."""
-        from torch.distributed.device_mesh import DeviceMesh
-
-        from .worker.progress import forget_groups
-
-        for value in list(self.executor.handles.values()):
-            for mesh in value if isinstance(value, list) else [value]:
-                if isinstance(mesh, DeviceMesh):
-                    mesh._get_root_mesh()._flatten_mapping.clear()
-        self.executor.handles.clear()
-        for pg in list(self.c10d._world.pg_map):
-            if pg not in self.baseline:
-                self.dist.destroy_process_group(pg)
-        forget_groups()
-        self.c10d._world.group_count = next_group_count
 
     def _finish(self) -> int:
         code = 0

@@ -52,6 +52,33 @@ class Executor:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
+    def release(self, baseline: set, next_group_count: int) -> None:
+        """Destroy what the last plan made, once every rank has finished it (no group is still connecting).
+
+        Then continue group names from `next_group_count`, the same on every rank and above any name used so
+        far: a plan that made ranks create different numbers of groups must not make the next plan's names
+        disagree (gloo's rendezvous is keyed by the name, and a stale key from an old group leads nowhere).
+        """
+        import torch.distributed.distributed_c10d as c10d
+
+        from .progress import forget_groups
+
+        for value in list(self.handles.values()):
+            for mesh in value if isinstance(value, list) else [value]:
+                if isinstance(mesh, DeviceMesh):
+                    root = mesh._get_root_mesh()
+                    root._flatten_mapping.clear()  # a reference cycle that keeps gloo groups alive
+                    root._pg_registry.clear()
+        self.handles.clear()
+        for pg in list(c10d._world.pg_map):
+            if pg not in baseline:
+                try:
+                    dist.destroy_process_group(pg)
+                except Exception:
+                    pass
+        forget_groups()
+        c10d._world.group_count = next_group_count
+
     def run(self, plan: Plan) -> tuple[list[Any], str, int | None]:
         """Run every step meant for this rank. Returns (observations, end, end_step)."""
         observations: list[Any] = []

@@ -177,32 +177,8 @@ class Rank:
             return ("fn_result", False, _dumps((exc, text)))
 
     def teardown(self, next_group_count: int) -> None:
-        """Destroy what the last plan made. Every rank has finished it, so no group is still connecting.
-
-        Then every rank continues its group names from the same number, above any name used so far: a plan
-        that made ranks create different numbers of groups must not make the next plan's names disagree
-        (gloo's rendezvous is keyed by the name, and a stale key from an old group leads nowhere).
-        """
-        from torch.distributed.device_mesh import DeviceMesh
-
-        from .progress import forget_groups
-
         self.progress.emit(("step", -1, "teardown", None, time.time()))
-        for value in list(self.executor.handles.values()):
-            for mesh in value if isinstance(value, list) else [value]:
-                if isinstance(mesh, DeviceMesh):
-                    root = mesh._get_root_mesh()
-                    root._flatten_mapping.clear()  # a reference cycle that keeps gloo groups alive
-                    root._pg_registry.clear()
-        self.executor.handles.clear()
-        for pg in list(self.c10d._world.pg_map):
-            if pg not in self.baseline:
-                try:
-                    self.dist.destroy_process_group(pg)
-                except Exception:
-                    pass
-        forget_groups()
-        self.c10d._world.group_count = next_group_count
+        self.executor.release(self.baseline, next_group_count)
 
 
 def _dumps(value: Any) -> bytes:

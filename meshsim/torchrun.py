@@ -20,6 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from .cluster.controller import resolve_backend
 from .cluster.record import RankState, RunRecord
 
 PREFIX = "meshsim/"
@@ -163,11 +164,8 @@ class TorchrunRunner:
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_world = int(os.environ["LOCAL_WORLD_SIZE"])
-        backend = args.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= self.local_world \
-                else "gloo"
-        self.backend = backend
+        # One rank per GPU of this node: the node's ranks need its GPUs, as a simulated host's do.
+        self.backend = backend = resolve_backend(args.backend, self.local_world)
         device_type = "cuda" if "nccl" in backend else "cpu"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

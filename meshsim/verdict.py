@@ -7,7 +7,7 @@ from typing import Any
 
 from . import findings as F
 from .model import SKIPPED, Err, Prediction, Quirk, is_error, to_json
-from .model.predict import INJECTED, UNDEFINED
+from .model.predict import UNDEFINED
 
 OUTCOMES = ("pass", "mismatch", "error", "hang", "crash")
 
@@ -212,7 +212,3 @@ def _collapse_list(out: list[tuple], path: str, expected: list, observed: list) 
 
 def _diffs(items: list[tuple]) -> bool:
     return any(kind == "diff" for kind, *_ in items)
-
-
-def injected_error(observed: Any) -> bool:
-    return is_error(observed) and observed["error"][0] == INJECTED

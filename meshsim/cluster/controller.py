@@ -50,13 +50,11 @@ class Cluster:
                  start_timeout: float = 120.0, setup: Callable | str | None = None):
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
-        self.requested_backend = backend
         self.backend = resolve_backend(backend, topology.world)
         self.deadline = deadline
         self.start_timeout = start_timeout
         self.generation: Generation | None = None
         self.generations_started = 0
-        self.plans_run = 0
         self._store: Any = None
         self._port = 0
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -173,7 +171,6 @@ class Cluster:
         validate(plan, self.world)
         deadline = self.deadline if deadline is None else deadline
         record, prediction = self.execute(("plan", plan, deadline), deadline, plan, predict_with)
-        self.plans_run += 1
         return judge(plan, prediction, record)
 
     def execute(self, message: tuple, deadline: float, plan: Any = None,
@@ -190,8 +187,6 @@ class Cluster:
             record.states[worker.rank].output = worker.new_output()
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
-            for rank, text in record.stacks.items():
-                record.states[rank].stack = text
             self.restart()
             try:
                 self._new_generation()  # fresh ranks now, so the cluster is ready when the caller gets the result

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-
-HISTORY = 64  # events kept per rank for the diagnosis
 
 
 @dataclass
@@ -16,31 +13,27 @@ class RankState:
     op: str | None = None
     out: str | None = None
     call: tuple | None = None  # ("call", kind, ranks, group, seq, ctx) while blocked in it
-    last_call: tuple | None = None
     calls_on: dict[str, int] = field(default_factory=dict)  # group name -> calls made on it
     call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     meshes: list[tuple] = field(default_factory=list)  # (shape, names, ranks) of each mesh whose groups it made
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     done: bool = False  # sent its result
     observations: list[Any] | None = None
     end: str | None = None  # finished | raised | died | stuck
     end_step: int | None = None
     exitcode: int | None = None
-    stack: str = ""
     output: str = ""  # what the rank printed (stdout and stderr) during this run
     value: Any = None  # a user function's result
     group_count: int = 0  # torch's group counter on the rank when it finished
 
     def on_event(self, event: tuple) -> None:
         kind = event[0]
-        self.history.append(event)
         if kind == "step":
             self.step, self.op, self.out = event[1], event[2], event[3]
             self.call = None
         elif kind == "call":
-            self.call = self.last_call = event
+            self.call = event
             if event[1] == "new_group":
                 self.groups_created += 1
                 self.created[event[3]] = tuple(event[2])

@@ -102,10 +102,6 @@ def cell_positions(layout: Layout) -> tuple[int, ...]:
     return tuple(sum(parts) for parts in product(*per_dim))
 
 
-def coordinates(layout: Layout) -> list[tuple[int, ...]]:
-    return list(product(*(range(s) for s in sizes_of(layout))))
-
-
 def replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Every replica's ranks in row-major order of the layout (flat)."""
     cells = cell_positions(layout)
@@ -161,7 +157,3 @@ def split(dim: Dim, sizes: tuple[int, ...]) -> Layout:
         if pos[flat] != sum(part[c] for part, c in zip(parts, coord)):
             raise LayoutError(f"dimension {dim} cannot be split into {sizes}")
     return tuple(modes_from_positions(part) for part in parts)
-
-
-def layout_of_shape(shape: tuple[int, ...]) -> Layout:
-    return row_major(shape)

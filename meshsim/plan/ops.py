@@ -6,7 +6,7 @@ each interpret the same ops; validation here only checks what a plan *says*, nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Field kinds. Each is checked by plan.validate.
 SHAPE = "shape"  # list of positive ints
@@ -53,12 +53,7 @@ class OpSpec:
     required: tuple[str, ...] = ()
     produces: str | None = None
     creates_groups: bool = False
-    fault: bool = False
     doc: str = ""
-    optional: tuple[str, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "optional", tuple(f for f in self.fields if f not in self.required))
 
 
 _COLLECTIVE_FIELDS = {"mesh": MESH, "dim": DIM, "group": GROUP}
@@ -95,10 +90,10 @@ OPS: dict[str, OpSpec] = {
         OpSpec("all_gather", dict(_COLLECTIVE_FIELDS), (), doc="all_gather of the rank"),
         OpSpec("broadcast", {**_COLLECTIVE_FIELDS, "src": INT}, (), doc="broadcast from group rank src"),
         OpSpec("barrier", dict(_COLLECTIVE_FIELDS), (), doc="barrier on a mesh dim or group"),
-        OpSpec("sleep", {"seconds": SECONDS}, ("seconds",), fault=True, doc="time.sleep(seconds)"),
-        OpSpec("raise", {"message": TEXT}, (), fault=True, doc="raise an exception: this rank's plan ends"),
-        OpSpec("exit", {"code": INT}, (), fault=True, doc="os._exit(code): the rank dies"),
-        OpSpec("kill", {}, (), fault=True, doc="SIGKILL to itself: the rank dies"),
+        OpSpec("sleep", {"seconds": SECONDS}, ("seconds",), doc="time.sleep(seconds)"),
+        OpSpec("raise", {"message": TEXT}, (), doc="raise an exception: this rank's plan ends"),
+        OpSpec("exit", {"code": INT}, (), doc="os._exit(code): the rank dies"),
+        OpSpec("kill", {}, (), doc="SIGKILL to itself: the rank dies"),
     )
 }
 

@@ -22,6 +22,19 @@ class ClusterError(RuntimeError):
     """The cluster could not start or cannot serve (bad backend, too few GPUs, a rank that fails to join)."""
 
 
+def _read_since(path: str, offset: int, limit: int | None = None) -> tuple[str, int]:
+    """A file's text past `offset` (at most its last `limit` bytes), and the new offset."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return "", offset
+    if size <= offset:
+        return "", offset
+    with open(path, "rb") as fh:
+        fh.seek(offset if limit is None else max(offset, size - limit))
+        return fh.read(size).decode(errors="replace"), size
+
+
 @dataclass
 class Worker:
     rank: int
@@ -35,16 +48,12 @@ class Worker:
 
     def new_output(self, limit: int = 4096) -> str:
         """What the rank printed since the last call (its last `limit` characters)."""
-        try:
-            size = os.path.getsize(self.output_file)
-        except OSError:
-            return ""
-        if size <= self.output_offset:
-            return ""
-        with open(self.output_file, "rb") as fh:
-            fh.seek(max(self.output_offset, size - limit))
-            text = fh.read(size).decode(errors="replace")
-        self.output_offset = size
+        text, self.output_offset = _read_since(self.output_file, self.output_offset, limit)
+        return text
+
+    def new_stack(self) -> str:
+        """What faulthandler wrote since the last call."""
+        text, self.stack_offset = _read_since(self.stack_file, self.stack_offset)
         return text
 
     @property
@@ -118,17 +127,7 @@ class Generation:
             except ProcessLookupError:
                 pass
         time.sleep(settle_s)
-        out = {}
-        for worker in targets:
-            try:
-                with open(worker.stack_file) as fh:
-                    fh.seek(worker.stack_offset)
-                    text = fh.read()
-                    worker.stack_offset = fh.tell()
-            except OSError:
-                text = ""
-            out[worker.rank] = text
-        return out
+        return {worker.rank: worker.new_stack() for worker in targets}
 
     def kill(self) -> None:
         for worker in self.workers:

@@ -13,6 +13,8 @@ from .mesh import Call, Group, MeshModel, RankModel
 
 SKIPPED = {"skipped": True}  # the step does not run on this rank
 UNDEFINED = "undefined"  # torch's outcome is a race: any outcome is torch's
+# Meshes torch accepts although it should refuse them; what follows derails.
+_STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 INJECTED = "MeshsimInjectedError"  # type of the exception a `raise` step throws
 
 
@@ -55,9 +57,8 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
     outcome = _outcome(preds, stuck, deadline)
-    spec_outcome = _spec_outcome(outcome, findings)
     culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
-    prediction = Prediction(world, preds, spec_outcome, stuck, mismatched, culprits, findings)
+    prediction = Prediction(world, preds, outcome, stuck, mismatched, culprits, findings)
     deaths = [p.end_step for p in preds if p.end == "died"]
     if deaths:
         # Peers of a dead rank see whatever their transport reports (connection closed, timeouts).
@@ -72,8 +73,11 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
         return prediction
     derailed = [f for f in _STATEFUL_FINDINGS if f in findings]
     if derailed:
+        # torch accepted a mesh it should have refused and derails: the right outcome is still a clean
+        # pass; where torch ends up is a race.
         prediction.undefined_from = _first_step_of(preds, derailed[0])
         prediction.undefined_finding = derailed[0]
+        prediction.outcome = Quirk("pass", UNDEFINED, derailed[0])
         return prediction
     collision = name_collision(preds)
     if collision is not None and any(st.diverges for st in plan.steps[:collision + 1]):
@@ -423,15 +427,7 @@ def _outcome(preds: list[RankPrediction], stuck: list[Stuck], deadline: float | 
     return "pass"
 
 
-_STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 
-
-def _spec_outcome(outcome: str, findings: set[str]) -> Any:
-    """Where torch's acceptance of a bad mesh derails the run, the right outcome is still a clean pass."""
-    for finding in _STATEFUL_FINDINGS:
-        if finding in findings:
-            return Quirk("pass", UNDEFINED, finding)  # torch derails; where it ends up is a race
-    return outcome
 
 
 def _culprits(plan: Plan, world: int, preds: list[RankPrediction], stuck: list[Stuck], outcome: str,

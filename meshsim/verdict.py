@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from .model.predict import UNDEFINED
 OUTCOMES = ("pass", "mismatch", "error", "hang", "crash")
 
 
+@functools.lru_cache(maxsize=1)
 def torch_version() -> str:
     import importlib.metadata
 

@@ -66,7 +66,6 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     strategy = plans(world, max_steps=max_steps)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(world))
-    state = {"shrinking": False, "last": None}
     started = time.monotonic()
 
     @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
@@ -80,7 +79,8 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
             wait = min(deadline, expected_hang_deadline)
         result = cluster.run(plan, deadline=wait, predict_with=lambda *_: prediction)
         result.strict = strict
-        if state["shrinking"]:
+        shrinking = report.time_to_failure is not None  # set at the first disagreement
+        if shrinking:
             report.shrink_runs += 1
         else:
             report.examples += 1
@@ -90,10 +90,8 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
         if on_example is not None:
             on_example(report, result)
         if not result.passed:
-            if not state["shrinking"]:
+            if not shrinking:
                 report.time_to_failure = time.monotonic() - started
-            state["shrinking"] = True
-            state["last"] = result
             raise Disagreement(result)
 
     if seed is not None:

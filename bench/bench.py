@@ -53,7 +53,7 @@ def start_section() -> None:
             import time, json
             t = time.monotonic()
             from meshsim import Topology
-            from meshsim.cluster import Cluster
+            from meshsim.run import Cluster
             if __name__ == "__main__":
                 c = Cluster(Topology({hosts}, {devices})).start(); cold = time.monotonic() - t; c.close()
                 t = time.monotonic(); c = Cluster(Topology({hosts}, {devices})).start(); warm = time.monotonic() - t
@@ -171,7 +171,7 @@ def spawn_per_test(world: int) -> float:
 
 def plans_section(count: int = 60) -> None:
     from meshsim import Plan, Topology, step
-    from meshsim.cluster import Cluster
+    from meshsim.run import Cluster
 
     plans = [Plan((step("init_device_mesh", shape=list(s), names=list(n), out="m"), step("check", mesh="m")))
              for s, n in SHAPES]
@@ -203,7 +203,7 @@ def plans_section(count: int = 60) -> None:
 
 def fuzz_section(examples: int = 150) -> None:
     from meshsim import Topology
-    from meshsim.cluster import Cluster
+    from meshsim.run import Cluster
     from meshsim.fuzz import fuzz
 
     table = Table(title=f"fuzz: generated plans per second ({examples} examples, seed 0)")
@@ -219,7 +219,7 @@ def fuzz_section(examples: int = 150) -> None:
 
 def find_section() -> None:
     from meshsim import Topology
-    from meshsim.cluster import Cluster
+    from meshsim.run import Cluster
     from meshsim.fuzz import fuzz
 
     table = Table(title="fuzz at W = 8: finding and shrinking bugs injected into DeviceMesh in the workers "
@@ -240,7 +240,7 @@ def find_section() -> None:
 
 def memory_section() -> None:
     from meshsim import Plan, Topology, step
-    from meshsim.cluster import Cluster
+    from meshsim.run import Cluster
 
     def kib(pid: int, path: str, key: str) -> int:
         with open(f"/proc/{pid}/{path}") as fh:

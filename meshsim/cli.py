@@ -10,7 +10,9 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
+from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S
 from .report import make_console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -33,11 +35,28 @@ def _positive(kind: type) -> Any:
     return parse
 
 
-def _cluster_options(parser: argparse.ArgumentParser, deadline: float) -> None:
+def _deadline(text: str) -> float:
+    from .deadlines import DeadlineError, checked
+
+    try:
+        return checked(float(text))
+    except (ValueError, DeadlineError) as exc:
+        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, DeadlineError) else
+                                         f"expected a number of seconds, got {text!r}") from None
+
+
+def _topology_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hosts", type=_positive(int), default=2, help="simulated hosts (default 2)")
+    parser.add_argument("--devices-per-host", type=_positive(int), default=4,
+                        help="simulated devices per host, one rank each (default 4)")
+
+
+def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, what: str = "") -> None:
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
                         help="gloo on CPU (default), nccl one rank per GPU, auto = nccl when GPUs suffice")
-    parser.add_argument("--deadline", type=_positive(float), default=deadline,
-                        help=f"seconds each plan may take before it is called a hang (default {deadline:g})")
+    default = what or f"default {deadline:g}"
+    parser.add_argument("--deadline", type=_deadline, default=deadline,
+                        help=f"seconds each plan may take before it is called a hang ({default})")
     parser.add_argument("--setup", metavar="MODULE:FUNCTION",
                         help="a function every rank runs after it joins (e.g. to install a patched DeviceMesh)")
 
@@ -48,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     fz = sub.add_parser("fuzz", help="generated plans on a simulated HxD cluster, checked against the model")
-    fz.add_argument("--hosts", type=_positive(int), default=2)
-    fz.add_argument("--devices-per-host", type=_positive(int), default=4)
-    fz.add_argument("--examples", type=_positive(int), default=200)
+    _topology_options(fz)
+    fz.add_argument("--examples", type=_positive(int), default=200,
+                    help="how many generated plans to run (default 200)")
     fz.add_argument("--seed", type=int, default=None, help="the same seed draws the same plans")
     fz.add_argument("--max-steps", type=_positive(int), default=6)
     fz.add_argument("--divergent", action="store_true",
@@ -59,21 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--save", metavar="DIR", default="meshsim-failures",
                     help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
     fz.add_argument("--json", action="store_true", help="print the report as JSON")
-    _cluster_options(fz, deadline=10.0)
+    _cluster_options(fz, deadline=PLAN_S)
 
     run = sub.add_parser("run", help="run scenario files and check that each ends as it expects")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="print results as JSON")
     run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
-    _cluster_options(run, deadline=0)
+    _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}")
 
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
     fi.add_argument("--json", action="store_true")
 
     ni = sub.add_parser("nightly", help="the standard suite (passing scenarios, a seeded fuzz budget, the recipe) "
                                        "with one report; under torchrun, on the ranks torchrun started")
-    ni.add_argument("--hosts", type=_positive(int), default=2)
-    ni.add_argument("--devices-per-host", type=_positive(int), default=4)
+    _topology_options(ni)
     ni.add_argument("--examples", type=int, default=300, help="fuzz budget in plans (default 300)")
     ni.add_argument("--seed", type=int, default=None, help="fuzz seed (default: today's date, e.g. 20261122)")
     ni.add_argument("--scenarios", default="scenarios", metavar="DIR",
@@ -86,13 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run as a torchrun rank (detected from torchrun's environment anyway)")
     ni.add_argument("--backend", default="auto", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
                     help="auto (default) = nccl with one GPU per rank when there are enough, else gloo")
-    ni.add_argument("--deadline", type=_positive(float), default=10.0, help="seconds per plan (default 10)")
+    ni.add_argument("--deadline", type=_deadline, default=PLAN_S, help=f"seconds per plan (default {PLAN_S:g})")
     ni.add_argument("--setup", metavar="MODULE:FUNCTION", help="a function every rank runs after it joins")
 
     rc = sub.add_parser("examples", help="every example of PyTorch's DeviceMesh recipe on a simulated 2x4 cluster")
     rc.add_argument("--json", action="store_true")
-    rc.add_argument("--deadline", type=_positive(float), default=180.0,
-                    help="seconds each example may take (default 180)")
+    rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
+                    help=f"seconds each example may take (default {EXAMPLE_S:g})")
 
     ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
     ex.add_argument("file", metavar="FILE")
@@ -104,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .cluster import ClusterError
-    from .plan import PlanError
+    from .run import ClusterError
+    from .spec.plan import PlanError
     from .scenario import ScenarioError
-    from .topology import TopologyError
+    from .spec.topology import TopologyError
 
     try:
         return COMMANDS[args.command](args)
@@ -131,10 +149,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from .cluster import Cluster
+    from .run import Cluster
     from .fuzz import fuzz
     from .report import render_result
-    from .topology import Topology
+    from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
     out = make_console()
@@ -174,21 +192,24 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .cluster import Cluster
+    from .run import Cluster
     from .report import render_diagnosis, render_result
     from .scenario import judge_scenario, load
 
-    scenarios = [load(path, deadline=args.deadline or None) for path in args.files]  # all valid before any runs
+    scenarios = [load(path, deadline=args.deadline) for path in args.files]  # all valid before any runs
     out = make_console()
     runs = []
     clusters: dict[Any, Any] = {}
+    last_use = {sc.topology: index for index, sc in enumerate(scenarios)}
     try:
-        for sc in scenarios:
+        for index, sc in enumerate(scenarios):
             cluster = clusters.get(sc.topology)
             if cluster is None:
                 cluster = clusters[sc.topology] = Cluster(sc.topology, backend=args.backend, deadline=sc.deadline,
                                                           setup=args.setup).start()
             result = cluster.run(sc.plan, deadline=sc.deadline)
+            if last_use[sc.topology] == index:  # no file left needs these workers
+                clusters.pop(sc.topology).close()
             run = judge_scenario(sc, result)
             runs.append(run)
             if not args.json:
@@ -207,9 +228,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis: Any, stacks: bool) -> None:
     sc, result = run.scenario, run.result
-    mark = "[green]as expected[/]" if run.matched else "[red]NOT as expected[/]: " + "; ".join(run.problems)
-    out.print(f"[bold]{sc.name}[/] ({sc.path}, {sc.topology}, deadline {sc.deadline:g} s): "
-              f"{result.outcome} after {result.record.elapsed:.2f} s — {mark}")
+    mark = "[green]as expected[/]" if run.matched else "[red]NOT as expected[/]: " + escape("; ".join(run.problems))
+    out.print(f"[bold]{escape(sc.name)}[/] ({escape(sc.path)}, {sc.topology}, deadline {sc.deadline:g} s): "
+              f"{result.outcome} after {result.record.elapsed:.2f} s — {mark}", highlight=False)
     if result.differences or result.findings:
         render_result(result, out, show_plan=not run.matched)
     elif result.diagnosis is not None:
@@ -218,7 +239,7 @@ def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis
 
 def cmd_findings(args: argparse.Namespace) -> int:
     from . import findings as F
-    from .verdict import torch_version
+    from .judge.verdict import torch_version
 
     version = torch_version()
     if args.json:
@@ -258,17 +279,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from .nightly import default_seed, render, run_local, write_outputs
-    from .topology import Topology
-    from .torchrun import main as torchrun_main
-    from .torchrun import under_torchrun
+    from .nightly import default_seed, render, run_local, run_torchrun, write_outputs
+    from .run.torchrun import under_torchrun
+    from .spec.topology import Topology
 
     if args.seed is None:
         args.seed = default_seed()
     if args.examples < 0:
         raise UsageError("--examples must be 0 or more")
     if args.torchrun or under_torchrun():
-        return torchrun_main(args)
+        return run_torchrun(args)
     report = run_local(Topology(args.hosts, args.devices_per_host), args.backend, args.scenarios, args.examples,
                        args.seed, args.deadline, args.save, with_examples=not args.no_examples, setup=args.setup)
     render(report, make_console())
@@ -279,10 +299,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 def cmd_examples(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from .cluster import Cluster
+    from .run import Cluster
     from .examples import run_examples
     from .examples.recipe import TOPOLOGY
-    from .topology import Topology
+    from .spec.topology import Topology
 
     with Cluster(Topology(*TOPOLOGY), deadline=args.deadline) as cluster:
         results = run_examples(cluster, deadline=args.deadline)

@@ -14,6 +14,10 @@ from typing import Any, Callable
 import dill
 from multiprocess.reduction import ForkingPickler
 
+from . import deadlines
+from .outcome import CRASH, ERROR, HANG, PASS, outcome_of
+from .wire import FINISHED, STUCK, RunFunction
+
 
 @dataclass
 class RankResult:
@@ -38,12 +42,12 @@ class FunctionRun:
     @property
     def values(self) -> list[Any]:
         """Each rank's return value; raises if the run did not pass."""
-        if self.outcome != "pass":
+        if self.outcome != PASS:
             raise FunctionFailed(self)
         return [r.value for r in self.results]
 
     def summary(self) -> str:
-        if self.outcome == "pass":
+        if self.outcome == PASS:
             return f"pass on {len(self.results)} ranks in {self.elapsed:.2f} s"
         lines = [f"{self.outcome} after {self.elapsed:.2f} s"]
         for r in self.results:
@@ -60,33 +64,27 @@ class FunctionFailed(AssertionError):
         self.run = run
 
 
-def run_function(cluster: Any, fn: Callable, args: tuple, kwargs: dict, deadline: float | None) -> FunctionRun:
-    from .diagnose import diagnose
+def run_function(executor: Any, fn: Callable, args: tuple, kwargs: dict, deadline: float | None) -> FunctionRun:
+    """fn(*args, **kwargs) on every rank of the executor, under a deadline (default: the executor's)."""
+    from .judge.diagnose import diagnose
 
-    deadline = cluster.deadline if deadline is None else deadline
+    deadline = deadlines.checked(executor.deadline if deadline is None else deadline)
     payload = bytes(ForkingPickler.dumps((fn, args, kwargs)))
-    record, _ = cluster.execute(("fn", payload, deadline), deadline)
+    record = executor.execute(RunFunction(payload, deadline))
     results = [_rank_result(state) for state in record.states]
-    if record.died:
-        outcome = "crash"
-    elif any(state.end == "raised" for state in record.states):
-        outcome = "error"
-    elif record.timed_out:
-        outcome = "hang"
-    else:
-        outcome = "pass"
+    outcome = outcome_of((s.end for s in record.states), record.timed_out)
     run = FunctionRun(outcome, results, record, elapsed=record.elapsed,
                       failed_ranks=[r.rank for r in results if not r.ok])
-    if outcome in ("hang", "crash") or (outcome == "error" and record.timed_out):
+    if outcome in (HANG, CRASH) or (outcome == ERROR and record.timed_out):
         run.diagnosis = diagnose(record)
     return run
 
 
 def _rank_result(state: Any) -> RankResult:
     if state.value is None:
-        where = state.where if state.end != "stuck" else f"stuck: {state.where}"
+        where = state.where if state.end != STUCK else f"stuck: {state.where}"
         return RankResult(state.rank, False, error=where)
-    ok, blob = state.end == "finished", state.value
+    ok, blob = state.end == FINISHED, state.value
     try:
         value = dill.loads(blob)
     except Exception as exc:  # a result that cannot be rebuilt here is still worth showing

@@ -13,12 +13,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .model import predict, torch_side
-from .model.predict import UNDEFINED
+from . import deadlines
+from .check import check, prediction_for
+from .model import torch_side
+from .outcome import HANG, UNDEFINED
+from .run.generation import ClusterError
 from .scenario import Expect, Scenario
+from .spec.topology import Topology
 from .strategies import divergent_plans, plans
 from .testing import Disagreement
-from .topology import Topology
 
 
 @dataclass
@@ -49,13 +52,18 @@ class FuzzReport:
                 "saved": str(self.saved) if self.saved else None}
 
 
-EXPECTED_HANG_DEADLINE = 3.0  # a plan the model says must hang only needs long enough to show it
+class Interrupted(BaseException):
+    """The cluster cannot go on (a setup that fails): ends the sweep at once, past Hypothesis' replay."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
-def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = 10.0, max_steps: int = 6,
-         divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
+def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = deadlines.PLAN_S,
+         max_steps: int = 6, divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
          on_example: Callable[[FuzzReport, Any], None] | None = None,
-         expected_hang_deadline: float = EXPECTED_HANG_DEADLINE) -> FuzzReport:
+         expected_hang_deadline: float = deadlines.EXPECTED_HANG_S) -> FuzzReport:
     """Run `examples` generated plans; stop at the first disagreement and shrink it.
 
     Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
@@ -73,12 +81,14 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(strategy)
     def torch_agrees_with_model(plan: Any) -> None:
-        prediction = predict(plan, world, deadline)
+        prediction = prediction_for(plan, world, deadline)
         wait = deadline
-        if torch_side(prediction.outcome) in ("hang", UNDEFINED):
+        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(deadline, expected_hang_deadline)
-        result = cluster.run(plan, deadline=wait, predict_with=lambda *_: prediction)
-        result.strict = strict
+        try:
+            result = check(cluster, plan, wait, strict=strict, prediction=prediction)
+        except ClusterError as exc:
+            raise Interrupted(exc) from None
         shrinking = report.time_to_failure is not None  # set at the first disagreement
         if shrinking:
             report.shrink_runs += 1
@@ -100,6 +110,8 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
         torch_agrees_with_model()
     except Disagreement as exc:
         report.failure = exc.result  # Hypothesis re-runs the minimal example last
+    except Interrupted as exc:
+        raise exc.error from None
     report.elapsed = time.monotonic() - started
     if report.failure is not None and save_dir is not None:
         report.saved = save_counterexample(report.failure, cluster.topology, deadline, seed, save_dir)

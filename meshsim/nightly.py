@@ -119,7 +119,7 @@ def fuzz_item(report: Any, seed: int) -> Item:
 
 def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: int, seed: int, deadline: float,
               save_dir: str, with_examples: bool = True, setup: Any = None) -> NightlyReport:
-    from .cluster import Cluster
+    from .run import Cluster
     from .fuzz import fuzz
 
     with Cluster(topology, backend=backend, deadline=deadline, setup=setup) as cluster:
@@ -164,3 +164,102 @@ def render(report: NightlyReport, console: Any) -> None:
     verdict = "[bold green]all passed[/]" if not failures else f"[bold red]{len(failures)} failed[/]"
     console.print(f"{len(report.items)} cases, {verdict}")
 
+
+
+# --------------------------------------------------------------------------------------------- under torchrun
+
+def draw_plans(world: int, count: int, seed: int) -> list:
+    """The plans a seeded fuzz budget draws (generation only: shrinking needs `meshsim fuzz` locally)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from .strategies import plans
+
+    drawn: list = []
+    if count <= 0:
+        return drawn
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(plans(world))
+    def collect(plan: Any) -> None:
+        drawn.append(plan)
+
+    collect()
+    return drawn[:count]
+
+
+def run_torchrun(args: Any) -> int:
+    """The suite on the ranks torchrun started: every rank runs every case; rank 0 reports; all exit alike."""
+    import json
+    import signal
+
+    from .check import check
+    from .report import make_console
+    from .run.torchrun import TorchrunExecutor
+    from .spec.plan import Plan
+
+    # torchrun stops the other ranks with SIGTERM when one fails; a rank stuck in a C++ wait never returns
+    # to Python to run a handler, so let the default action end it at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    report: NightlyReport | None = None
+    cases: list = []
+
+    def on_hang(work: Any, record: Any) -> None:
+        name = next((f"{s} {n}" for s, n, p, _ in cases if p == work.plan), "plan")
+        hang_report(executor, args, report, name, work, record)
+
+    executor = TorchrunExecutor(args.backend, on_hang)
+    report = NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
+    raw = executor.share("suite", lambda: json.dumps([(s, n, p.to_dict(), d)
+                                                      for s, n, p, d in _suite(args, executor.world)]))
+    cases.extend((s, n, Plan.from_dict(p), d) for s, n, p, d in json.loads(raw))
+    for suite, name, plan, deadline in cases:
+        result = check(executor, plan, deadline)
+        if executor.rank == 0:
+            report.items.append(_result_item(suite, name, result))
+    code = 0
+    if executor.rank == 0:
+        render(report, make_console())
+        write_outputs(report, args.json_out, args.junit)
+        code = 0 if report.passed else 1
+    return executor.close(code)
+
+
+def _suite(args: Any, world: int) -> list[tuple[str, str, Any, float]]:
+    cases = []
+    if args.scenarios and os.path.isdir(args.scenarios):
+        for sc in passing_scenarios(args.scenarios, world):
+            cases.append(("scenario", sc.name, sc.plan, sc.deadline))
+    for index, plan in enumerate(draw_plans(world, args.examples, args.seed)):
+        cases.append(("fuzz", f"fuzz seed {args.seed} #{index}", plan, args.deadline))
+    return cases
+
+
+def _result_item(suite: str, name: str, result: Any) -> Item:
+    from .testing import render_text
+
+    detail = result.outcome if result.passed else render_text(result)
+    return Item(suite, name, result.passed, result.record.elapsed, detail,
+                {"outcome": result.outcome, "findings": sorted(result.findings)})
+
+
+def hang_report(executor: Any, args: Any, report: Any, name: str, work: Any, record: Any) -> None:
+    """A plan under torchrun ran past its deadline: diagnose it, print it, and write the report so far."""
+    from .check import prediction_for
+    from .judge.diagnose import diagnose
+    from .report import make_console, render_diagnosis
+
+    diagnosis = diagnose(record, work.plan, prediction_for(work.plan, executor.world, work.deadline))
+    console = make_console()
+    console.print(f"{name}: hang past its {work.deadline:g} s deadline (reported by rank {executor.rank})",
+                  style="bold red", markup=False, highlight=False)
+    render_diagnosis(diagnosis, console)
+    report = report or NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
+    suite, _, case = name.partition(" ")
+    report.items.append(Item(suite, case, False, work.deadline, f"hang: {diagnosis.summary}",
+                             {"outcome": "hang", "diagnosis": diagnosis.to_json()}))
+    if executor.rank == 0:
+        render(report, console)
+    write_outputs(report, args.json_out, args.junit)

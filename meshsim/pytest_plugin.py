@@ -38,8 +38,8 @@ class ClusterPool:
         self.clusters: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
 
     def get(self, topology: str = "2x4", backend: str = "gloo") -> Any:
-        from .cluster import Cluster
-        from .topology import Topology
+        from .run import Cluster
+        from .spec.topology import Topology
 
         key = (topology, backend)
         if key in self.clusters:

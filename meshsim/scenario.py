@@ -9,11 +9,14 @@ from typing import Any
 import tomli_w
 import tomllib
 
-from .plan import Plan, PlanError, validate
-from .topology import Topology, TopologyError
-from .verdict import OUTCOMES
+from . import deadlines
+from .judge.diagnose import KINDS
+from .outcome import OUTCOMES
+from .spec.plan import Plan, PlanError, validate
+from .spec.topology import Topology, TopologyError
 
-DEFAULT_DEADLINE = 5.0
+DEFAULT_DEADLINE = deadlines.SCENARIO_S
+MAX_FILE_BYTES = 1 << 20  # a scenario is a page of TOML, not a data file
 EXPECT_KEYS = ("outcome", "culprit_ranks", "kind", "mesh_dim", "findings")
 TOP_KEYS = ("name", "description", "deadline", "topology", "step", "expect")
 
@@ -72,16 +75,22 @@ def load(path: str | Path, deadline: float | None = None) -> Scenario:
     """Read and validate a scenario file; ScenarioError names the file and the problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError(f"{path}: larger than {MAX_FILE_BYTES} bytes; a scenario is a page of TOML")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not UTF-8 text, so not a TOML scenario") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: TOML syntax: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: TOML nested too deeply") from None
     try:
         return parse(data, str(path), deadline)
-    except (PlanError, TopologyError, ScenarioError) as exc:
+    except (PlanError, TopologyError, ScenarioError, deadlines.DeadlineError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
 
 
@@ -94,12 +103,13 @@ def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario
         raise ScenarioError("needs [topology] with hosts and devices_per_host")
     topology = Topology(topo.get("hosts"), topo.get("devices_per_host"))
     plan = validate(Plan.from_dict(data), topology.world)
-    wait = data.get("deadline", DEFAULT_DEADLINE) if deadline is None else deadline
-    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
-        raise ScenarioError(f"deadline must be a positive number of seconds, got {wait!r}")
+    wait = deadlines.checked(data.get("deadline", DEFAULT_DEADLINE) if deadline is None else deadline)
     expect = _expect(data.get("expect", {}), topology.world)
-    name = str(data.get("name") or Path(path).stem or "scenario")
-    return Scenario(name, topology, plan, float(wait), expect, str(data.get("description", "")), path)
+    for key in ("name", "description"):
+        if not isinstance(data.get(key, ""), str):
+            raise ScenarioError(f"{key} must be a string, got {data[key]!r}")
+    name = data.get("name") or Path(path).stem or "scenario"
+    return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path)
 
 
 def _expect(raw: Any, world: int) -> Expect:
@@ -113,16 +123,25 @@ def _expect(raw: Any, world: int) -> Expect:
         raise ScenarioError(f"[expect] outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
     culprits = raw.get("culprit_ranks")
     if culprits is not None:
-        if not isinstance(culprits, list) or not all(isinstance(r, int) and 0 <= r < world for r in culprits):
-            raise ScenarioError(f"[expect] culprit_ranks must be ranks of the world (0..{world - 1})")
+        if not isinstance(culprits, list) or not all(type(r) is int and 0 <= r < world for r in culprits):
+            raise ScenarioError(f"[expect] culprit_ranks must be a list of ranks of the world (0..{world - 1}), "
+                                f"got {culprits!r}")
         culprits = tuple(sorted(culprits))
-    findings = tuple(raw.get("findings", ()))
+    findings = raw.get("findings", [])
     from . import findings as F
 
+    if not isinstance(findings, list) or not all(isinstance(f, str) for f in findings):
+        raise ScenarioError(f"[expect] findings must be a list of finding ids, got {findings!r}")
     for fid in findings:
         if fid not in F.REGISTRY:
             raise ScenarioError(f"[expect] unknown finding {fid!r}; see `meshsim findings`")
-    return Expect(outcome, culprits, raw.get("kind"), raw.get("mesh_dim"), findings)
+    kind = raw.get("kind")
+    if kind is not None and kind not in KINDS.values():
+        raise ScenarioError(f"[expect] kind must be one of {', '.join(KINDS.values())}, got {kind!r}")
+    mesh_dim = raw.get("mesh_dim")
+    if mesh_dim is not None and not (isinstance(mesh_dim, str) or type(mesh_dim) is int):
+        raise ScenarioError(f"[expect] mesh_dim must be a dim name or index, got {mesh_dim!r}")
+    return Expect(outcome, culprits, kind, mesh_dim, tuple(findings))
 
 
 @dataclass

@@ -14,68 +14,17 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .model.expect import ModelRaise
 from .model.mesh import MeshModel
 from .model.predict import RankRun, observe_step
-from .plan import Plan, Step, step
-from .plan.ops import QUERIES
-from .topology import Topology
-
-NAME_POOL = ("dp", "tp", "cp", "pp", "ep", "a", "b", "c", "x", "y", "z", "rep", "shard", "w0", "dp_cp", "tp_ep")
+from .ops import OPERATIONS, of_role
+from .ops.meshes import dim_names, mesh_shapes, rank_layouts  # noqa: F401 -- part of this module's API
+from .spec.plan import Plan, Step, step
+from .spec.topology import Topology
 
 
 def topologies(max_world: int = 16, max_hosts: int = 4, max_devices: int = 8) -> st.SearchStrategy[Topology]:
     return st.builds(Topology, st.integers(1, max_hosts), st.integers(1, max_devices)).filter(
         lambda t: t.world <= max_world)
-
-
-def _prime_factors(n: int) -> list[int]:
-    out, p = [], 2
-    while n > 1:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out
-
-
-@st.composite
-def mesh_shapes(draw: Any, world: int, max_dims: int = 5, allow_smaller: bool = True,
-                allow_size_one: bool = True) -> list[int]:
-    """A shape whose product is the world (mostly) or smaller; every factorisation is reachable."""
-    numel = world
-    if allow_smaller and draw(st.integers(0, 9)) == 0:
-        numel = draw(st.integers(1, world))
-    ndim = draw(st.integers(1, max_dims))
-    shape = [1] * ndim
-    for factor in _prime_factors(numel):
-        shape[draw(st.integers(0, ndim - 1))] *= factor
-    if not allow_size_one:
-        shape = [s for s in shape if s > 1] or [numel]
-    return shape
-
-
-def dim_names(n: int) -> st.SearchStrategy[list[str]]:
-    """Distinct identifiers, in any order (not sorted)."""
-    pool = st.sampled_from(NAME_POOL) | st.from_regex(r"[a-z][a-z0-9_]{0,4}", fullmatch=True)
-    return st.lists(pool, min_size=n, max_size=n, unique=True)
-
-
-@st.composite
-def rank_layouts(draw: Any, world: int, shape: list[int]) -> list:
-    """Ranks laid out in `shape`: any permutation, and any subset of the world when shape is smaller."""
-    numel = math.prod(shape)
-    ranks = draw(st.permutations(range(world)))[:numel]
-    if draw(st.booleans()):
-        ranks = sorted(ranks) if draw(st.booleans()) else ranks
-    return _nest(ranks, shape)
-
-
-def _nest(flat: list[int], shape: list[int]) -> list:
-    if len(shape) == 1:
-        return list(flat)
-    size = math.prod(shape[1:])
-    return [_nest(flat[i * size:(i + 1) * size], shape[1:]) for i in range(shape[0])]
 
 
 # --------------------------------------------------------------------------------------------- plans
@@ -98,7 +47,7 @@ class _Builder:
         self.run.model.step = len(self.steps)
         try:
             observe_step(self.run, st_, st_.args_for(0), len(self.steps))
-        except ModelRaise:
+        except Exception:  # noqa: BLE001 -- a model that fails here is judged when the plan runs
             pass
         self.steps.append(st_)
 
@@ -118,134 +67,35 @@ class _Builder:
 @st.composite
 def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | None = None) -> Step:
     """A step that makes a root mesh: init_device_mesh, or DeviceMesh with an explicit rank layout."""
-    shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(world))
-    if allow_errors and draw(st.integers(0, 19)) == 0:
-        shape = shape + [2]  # larger than the world now and then: torch must refuse
-    named = draw(st.integers(0, 5)) > 0
-    names = draw(dim_names(len(shape))) if named else None
-    out = "m"
-    if math.prod(shape) <= world and draw(st.integers(0, 3)) == 0:
-        return step("mesh", layout=draw(rank_layouts(world, shape)), names=names, out=out)
-    return step("init_device_mesh", shape=shape, names=names, out=out,
-                expect_error=math.prod(shape) > world or None)
+    b = _Builder(world)
+    root = draw(st.sampled_from(of_role("root")))
+    return draw(root.draw(b, None, None, allow_errors, numel=numel))
 
 
-def _names_of(mesh: MeshModel) -> list[str]:
-    return list(mesh.names) if mesh.names else []
-
-
-@st.composite
-def _slice_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step | None:
-    names = _names_of(mesh)
-    if mesh.root is None and mesh.flatten_mapping:
-        names += list(mesh.flatten_mapping)
-    if not names:
-        return step("slice", src=handle, names="a", out=b.fresh("s")) if allow_errors else None
-    picked = [n for n in names if draw(st.booleans())] or [draw(st.sampled_from(names))]
-    if allow_errors:
-        mode = draw(st.integers(0, 9))
-        if mode == 0:
-            picked = list(reversed(picked)) if len(picked) > 1 else picked
-        elif mode == 1:
-            picked = picked + [picked[0]]
-        elif mode == 2:
-            picked = picked + ["nope"]
-    value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
-    return step("slice", src=handle, names=value, out=b.fresh("s"))
-
-
-@st.composite
-def _flatten_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step:
-    choice = draw(st.integers(0, 5))
-    name = None
-    if choice in (1, 2):
-        name = b.fresh("f")
-    elif choice == 3 and allow_errors:
-        existing = _names_of(mesh.root_mesh) + list(mesh.root_mesh.flatten_mapping)
-        name = draw(st.sampled_from(existing)) if existing else None
-    return step("flatten", src=handle, name=name, out=b.fresh("f"))
-
-
-@st.composite
-def _unflatten_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step | None:
-    if not mesh.names:
-        return None
-    splittable = [i for i, s in enumerate(mesh.shape) if s > 1]
-    if not splittable:
-        return None
-    dim = draw(st.sampled_from(splittable))
-    size = mesh.shape[dim]
-    parts = draw(st.integers(2, 3))
-    sizes = [1] * parts
-    for factor in _prime_factors(size):
-        sizes[draw(st.integers(0, parts - 1))] *= factor
-    if allow_errors and draw(st.integers(0, 9)) == 0:
-        sizes[0] += 1  # product no longer matches
-    names = [b.fresh("u") for _ in sizes]
-    if allow_errors and draw(st.integers(0, 9)) == 0:
-        names[0] = draw(st.sampled_from(_names_of(mesh)))
-    key: Any = mesh.names[dim] if draw(st.booleans()) else dim
-    return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"))
-
-
-@st.composite
-def _concatenate_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step | None:
-    others = [(h, m) for h, m in b.meshes() if m.names and (allow_errors or m.root_mesh is mesh.root_mesh)]
-    if not mesh.names or not others:
-        return None
-    partner = draw(st.sampled_from(others))[0]
-    srcs = [handle, partner] if draw(st.booleans()) else [partner, handle]
-    return step("concatenate", srcs=srcs, out=b.fresh("c"))
-
-
-@st.composite
-def _from_group_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step:
-    dims = [i for i in range(mesh.ndim) if draw(st.booleans())] or [draw(st.integers(0, mesh.ndim - 1))]
-    keys: list[Any] = [mesh.names[i] if mesh.names and draw(st.booleans()) else i for i in dims]
-    return step("from_group", src=handle, dims=keys, out=b.fresh("g"))
-
-
-@st.composite
-def _submeshes_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step | None:
-    names = _names_of(mesh)
-    if not names:
-        return None
-    dim = draw(st.sampled_from(names + (["nope"] if allow_errors else [])))
-    return step("all_submeshes", src=handle, dim=dim, out=b.fresh("l"))
-
-
-@st.composite
-def _query_step(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> Step:
-    what = draw(st.sampled_from(QUERIES))
-    dim: Any = None
-    if what in ("get_group", "get_local_rank", "size") and (mesh.ndim > 1 or draw(st.booleans())):
-        choices: list[Any] = list(range(mesh.ndim)) + _names_of(mesh)
-        if allow_errors:
-            choices += [mesh.ndim, "nope"]
-        dim = draw(st.sampled_from(choices))
-    return step("query", mesh=handle, what=what, dim=dim)
-
-
-_DERIVE = (_slice_step, _slice_step, _flatten_step, _unflatten_step, _concatenate_step, _from_group_step,
-           _submeshes_step, _query_step)
+# Derived meshes, queries and collectives, each weighted by how much of DeviceMesh it reaches.
+WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
+           "query": 2, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
+           "new_group": 1}
 
 
 @st.composite
 def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
           check_every_mesh: bool = False, root_numel: int | None = None) -> Plan:
-    """SPMD plans: a root mesh, then derived meshes, queries and checks that use earlier results."""
+    """SPMD plans: a root mesh, then derived meshes, queries, collectives and checks that use earlier results.
+
+    Each plan enables a random subset of the operations (swarm testing), so rare combinations get room.
+    """
     b = _Builder(world)
     b.add(draw(root_steps(world, allow_errors, numel=root_numel)))
+    names = sorted(WEIGHTS)
+    enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)
+    menu = [OPERATIONS[n] for n in names if n in enabled for _ in range(WEIGHTS[n])]
     for _ in range(draw(st.integers(0, max_steps - 1))):
         meshes = b.meshes()
         if not meshes:
             break
         handle, mesh = draw(st.sampled_from(meshes))
-        if draw(st.integers(0, 3)) == 0:
-            b.add(step("check", mesh=handle))
-            continue
-        derive = draw(st.sampled_from(_DERIVE))
-        made = draw(derive(b, handle, mesh, allow_errors))
+        made = draw(draw(st.sampled_from(menu)).draw(b, handle, mesh, allow_errors))
         if made is not None:
             b.add(made)
             if check_every_mesh and made.out and made.out in b.run.handles:
@@ -287,16 +137,14 @@ def divergent_plans(draw: Any, world: int) -> Plan:
     steps_: list[Step] = [step("init_device_mesh", shape=shape, names=names, out="m")]
     rank = draw(st.integers(0, world - 1))
     dim = draw(st.sampled_from(names))
-    kind = draw(st.sampled_from(["skip", "shape", "raise", "exit", "order"]))
+    kind = draw(st.sampled_from(["skip", "shape", "raise", "exit", "kill", "sleep", "order"]))
     if kind == "skip":
         steps_.append(step("all_reduce", mesh="m", dim=dim, skip_on=[rank]))
     elif kind == "shape" and len(shape) > 1:
         steps_.append(step("init_device_mesh", shape=list(reversed(shape)), names=names, out="n",
                            on_rank={rank: {"shape": [math.prod(shape)], "names": ["flat"]}}))
-    elif kind == "raise":
-        steps_.append(step("raise", message="injected", only_on=[rank]))
-    elif kind == "exit":
-        steps_.append(step("exit", code=7, only_on=[rank]))
+    elif kind in ("raise", "exit", "kill", "sleep"):
+        steps_.append(draw(OPERATIONS[kind].draw(_Builder(world), None, None, False)))
     else:
         other = draw(st.sampled_from(names))
         steps_ += [step("all_reduce", mesh="m", dim=dim, skip_on=[rank]),

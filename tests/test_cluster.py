@@ -11,7 +11,7 @@ import pytest
 from helpers import alive
 
 from meshsim import Plan, Topology, step
-from meshsim.cluster import Cluster, ClusterError
+from meshsim.run import Cluster, ClusterError
 from meshsim.testing import assert_agrees
 
 S = step
@@ -235,7 +235,7 @@ def test_no_worker_outlives_a_controller_killed_with_sigkill(tmp_path):
     script.write_text(textwrap.dedent("""
         import sys, time
         from meshsim import Topology
-        from meshsim.cluster import Cluster
+        from meshsim.run import Cluster
         if __name__ == "__main__":
             cluster = Cluster(Topology(1, 2), deadline=10).start()
             print(" ".join(map(str, cluster.pids)), flush=True)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from meshsim import Topology
-from meshsim.cluster import Cluster
+from meshsim.run import Cluster
 from meshsim.fuzz import fuzz
 from meshsim.scenario import load
 from meshsim.testing import check_property, check_property_over_topologies

@@ -10,7 +10,7 @@ import pytest
 
 from meshsim.model import Err, Quirk, predict, torch_side
 from meshsim.model.predict import predict_rank
-from meshsim.plan import Plan, step
+from meshsim.spec.plan import Plan, step
 
 W = 8
 
@@ -24,7 +24,7 @@ MESH_3D = step("init_device_mesh", shape=[2, 2, 2], names=["dp", "cp", "tp"], ou
 
 
 def test_the_model_imports_no_torch():
-    code = "import sys, meshsim.model, meshsim.plan, meshsim.strategies, meshsim.verdict; print('torch' in sys.modules)"
+    code = "import sys, meshsim.model, meshsim.spec, meshsim.ops, meshsim.strategies, meshsim.judge.verdict, meshsim.check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

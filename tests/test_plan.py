@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings
 
-from meshsim.plan import Plan, PlanError, step, validate
+from meshsim.spec.plan import Plan, PlanError, step, validate
 from meshsim.strategies import plans
 
 
@@ -32,7 +32,7 @@ def test_divergence_fields_round_trip_through_toml():
 
 
 def test_repr_of_a_plan_rebuilds_it():
-    from meshsim.plan import step as step_  # noqa: F401 -- eval below needs `step` in scope
+    from meshsim.spec.plan import step as step_  # noqa: F401 -- eval below needs `step` in scope
     plan = Plan((step("init_device_mesh", shape=[2, 4], out="m"), step("check", mesh="m", skip_on=[3])))
     assert eval(repr(plan), {"Plan": Plan, "step": step}) == plan
 
@@ -47,7 +47,7 @@ def test_repr_of_a_plan_rebuilds_it():
     (step("mesh", layout=[[0, 1], [2]], out="m"), "rectangular"),
     (step("mesh", layout=[[0, 9]], out="m"), "rank 9"),
     (step("init_device_mesh", shape=[8]), "needs 'out'"),
-    (step("sleep", seconds=-1), "non-negative"),
+    (step("sleep", seconds=-1), "seconds from 0"),
 ])
 def test_validation_names_the_step_and_the_problem(bad, message):
     plan = Plan((step("init_device_mesh", shape=[2, 4], names=["dp", "tp"], out="m0"), bad))

@@ -80,7 +80,7 @@ def test_an_invalid_file_is_a_one_line_error_naming_it_and_starts_no_workers(tmp
     def refuse(*args, **kwargs):
         raise AssertionError("a cluster was started for an invalid file")
 
-    monkeypatch.setattr("meshsim.cluster.Cluster.start", refuse)
+    monkeypatch.setattr("meshsim.run.process.Cluster.start", refuse)
     assert cli.main(["run", good, str(path)]) == 2  # the good file is not run either
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err and message in err

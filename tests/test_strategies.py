@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshsim.model import predict
-from meshsim.plan import validate
+from meshsim.spec.plan import validate
 from meshsim.strategies import (
     dim_names,
     divergent_plans,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..model import predict, torch_side
-from ..plan import Plan, step
+from ..spec.plan import Plan, step
 
 TOPOLOGY = (2, 4)
 STEPS, LR = 4, 0.1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..wire import is_error
+
 
 @dataclass(frozen=True)
 class Err:
@@ -38,16 +40,6 @@ class ModelRaise(Exception):
     def __init__(self, err: Err | Quirk):
         super().__init__(err)
         self.err = err
-
-
-def is_error(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {"error"}
-
-
-def error_value(exc: BaseException) -> dict:
-    """How a worker records an exception it caught."""
-    message = str(exc.args[0]) if len(exc.args) == 1 else " ".join(str(a) for a in exc.args)
-    return {"error": [type(exc).__name__, message]}
 
 
 def to_json(value: Any) -> Any:

@@ -6,23 +6,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..plan import Plan, Step, flatten_layout, layout_shape, restrict_view
-from ..plan.ops import COLLECTIVES
+from ..outcome import PASS, UNDEFINED, blame, divergent_ranks, outcome_of
+from ..spec.plan import Plan, Step
+from ..wire import DIED, FINISHED, SKIPPED
 from .expect import Err, ModelRaise, Quirk
 from .mesh import Call, Group, MeshModel, RankModel
 
-SKIPPED = {"skipped": True}  # the step does not run on this rank
-UNDEFINED = "undefined"  # torch's outcome is a race: any outcome is torch's
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
-INJECTED = "MeshsimInjectedError"  # type of the exception a `raise` step throws
 
 
 @dataclass
 class RankPrediction:
     rank: int
     observations: list[Any] = field(default_factory=list)  # one per step
-    end: str = "finished"  # finished | raised | died
+    end: str = FINISHED  # FINISHED | RAISED | DIED
     end_step: int | None = None
     calls: list[Call] = field(default_factory=list)
     slept: float = 0.0
@@ -46,6 +44,8 @@ class Prediction:
     findings: set[str]
     undefined_from: int | None = None  # from this step on, other ranks' observations are not predictable
     undefined_finding: str | None = None  # ... because of this finding (None: because a rank died)
+    model_error: str | None = None  # the model failed on this plan: it predicts nothing
+
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
@@ -56,12 +56,16 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
-    outcome = _outcome(preds, stuck, deadline)
-    culprits = _culprits(plan, world, preds, stuck, outcome, deadline)
+    late = [p.rank for p in preds if deadline is not None and p.slept >= deadline]
+    outcome = outcome_of((p.end for p in preds), hung=bool(stuck or late))
+    culprits = [] if outcome == PASS else blame(
+        dead=[p.rank for p in preds if p.end == DIED], raised=[p.rank for p in preds if p.end not in (FINISHED, DIED)],
+        late=late, divergent=divergent_ranks(plan, world), waited_for=[m for s in stuck for m in s.missing])
     prediction = Prediction(world, preds, outcome, stuck, mismatched, culprits, findings)
-    deaths = [p.end_step for p in preds if p.end == "died"]
+    deaths = [min([p.end_step] + [c.step for c in p.calls[-1:]]) for p in preds if p.end == DIED]
     if deaths:
-        # Peers of a dead rank see whatever their transport reports (connection closed, timeouts).
+        # Peers of a dead rank see whatever their transport reports (connection closed, timeouts), from the
+        # step of its last call on: a peer may still be finishing that call (a gloo connect) when it dies.
         prediction.undefined_from = min(deaths)
     if mismatched:
         # Ranks passed different tensor sizes to one all_reduce. Right: every rank is told. gloo: some
@@ -95,6 +99,13 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
     return prediction
 
 
+def unpredictable(plan: Plan, world: int, exc: BaseException) -> Prediction:
+    """What stands for a prediction when the model fails on a plan: it says so, and judges nothing."""
+    ranks = [RankPrediction(r, [SKIPPED] * len(plan.steps)) for r in range(world)]
+    message = f"the model cannot predict this plan: {type(exc).__name__}: {exc}"
+    return Prediction(world, ranks, UNDEFINED, [], [], [], set(), model_error=message)
+
+
 def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
     steps = [i for p in preds for i, o in enumerate(p.observations)
              if isinstance(o, Quirk) and o.finding == finding]
@@ -126,62 +137,74 @@ def name_collision(preds: list[RankPrediction]) -> int | None:
 
 
 class RankRun:
+    """One rank running a plan in the model: the emulated DeviceMesh state, the handles, the prediction."""
+
     def __init__(self, plan: Plan, rank: int, world: int):
         self.model = RankModel(rank, world)
         self.prediction = RankPrediction(rank)
         self.handles: dict[str, Any] = {}
         self.plan = plan
+        self.index = -1
 
     @property
     def findings(self) -> set[str]:
         return self.model.findings
+
+    def end(self, how: str) -> None:
+        """This rank leaves the plan at the current step (raised, or died)."""
+        self.prediction.end, self.prediction.end_step = how, self.index
+
+    def resolve(self, ref: str) -> Any:
+        name, _, item = ref.partition(".")
+        if name not in self.handles:
+            raise ModelRaise(Err("HandleError", f"handle {name!r} does not exist on this rank"))
+        value = self.handles[name]
+        if item:
+            if not isinstance(value, list) or int(item) >= len(value):
+                raise ModelRaise(Err("HandleError", f"handle {ref!r} does not exist on this rank"))
+            value = value[int(item)]
+        return value
+
+    def mesh(self, ref: str) -> MeshModel:
+        value = self.resolve(ref)
+        if not isinstance(value, MeshModel):
+            raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a mesh"))
+        return value
 
 
 def _run_rank(plan: Plan, rank: int, world: int) -> RankRun:
     run = RankRun(plan, rank, world)
     pred = run.prediction
     for index, st in enumerate(plan.steps):
-        if pred.end != "finished":
+        if pred.end != FINISHED or not st.runs_on(rank):
             pred.observations.append(SKIPPED)
             continue
-        if not st.runs_on(rank):
-            pred.observations.append(SKIPPED)
-            continue
-        run.model.step = index
         pred.observations.append(observe_step(run, st, st.args_for(rank), index))
     pred.calls = run.model.calls
     return run
 
 
 def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
-    pred = run.prediction
-    if st.op == "sleep":
-        pred.slept += float(args["seconds"])
-        return None
-    if st.op == "raise":
-        pred.end, pred.end_step = "raised", index
-        return Err(INJECTED, args.get("message", ""))
-    if st.op in ("exit", "kill"):
-        pred.end, pred.end_step = "died", index
-        return None
+    """What this rank observes at one step: the op's model step, with torch's errors as values."""
+    run.index = run.model.step = index
     try:
-        value = _STEP[st.op](run, args)
+        value = st.operation.model(run, args)
     except ModelRaise as exc:
         if st.out:
             run.handles.pop(st.out, None)
         return exc.err
     if st.out is not None:
         run.handles[st.out] = value
-    return _shape_result(run, st.op, value)
+    return _shape_result(run, value)
 
 
-def _shape_result(run: RankRun, op: str, value: Any) -> Any:
+def _shape_result(run: RankRun, value: Any) -> Any:
     if isinstance(value, MeshModel):
         return summary(value)
     if isinstance(value, list) and value and isinstance(value[0], MeshModel):
         return [summary(m) for m in value]
-    if op == "new_group":
-        return None if value is None else {"ranks": list(value.ranks), "group_rank": value.group_rank(run.model.rank)}
+    if isinstance(value, Group):
+        return {"ranks": list(value.ranks), "group_rank": value.group_rank(run.model.rank)}
     return value
 
 
@@ -196,178 +219,6 @@ def summary(mesh: MeshModel) -> Any:
     if mesh.creation_quirk is not None:
         return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
     return obs
-
-
-def _resolve(run: RankRun, ref: str) -> Any:
-    name, _, item = ref.partition(".")
-    if name not in run.handles:
-        raise ModelRaise(Err("HandleError", f"handle {name!r} does not exist on this rank"))
-    value = run.handles[name]
-    if item:
-        if not isinstance(value, list) or int(item) >= len(value):
-            raise ModelRaise(Err("HandleError", f"handle {ref!r} does not exist on this rank"))
-        value = value[int(item)]
-    return value
-
-
-def _mesh(run: RankRun, ref: str) -> MeshModel:
-    value = _resolve(run, ref)
-    if not isinstance(value, MeshModel):
-        raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a mesh"))
-    return value
-
-
-def _init(run: RankRun, a: dict) -> MeshModel:
-    return run.model.init_device_mesh(list(a["shape"]), a.get("names"))
-
-
-def _explicit(run: RankRun, a: dict) -> MeshModel:
-    return run.model.explicit(flatten_layout(a["layout"]), layout_shape(a["layout"]) or (), a.get("names"))
-
-
-def _slice(run: RankRun, a: dict) -> MeshModel:
-    return run.model.slice(_mesh(run, a["src"]), a["names"])
-
-
-def _flatten(run: RankRun, a: dict) -> MeshModel:
-    return run.model.flatten(_mesh(run, a["src"]), a.get("name"))
-
-
-def _unflatten(run: RankRun, a: dict) -> MeshModel:
-    return run.model.unflatten(_mesh(run, a["src"]), a["dim"], list(a["sizes"]), list(a["names"]))
-
-
-def _concatenate(run: RankRun, a: dict) -> MeshModel:
-    return run.model.concatenate([_mesh(run, ref) for ref in a["srcs"]])
-
-
-def _from_group(run: RankRun, a: dict) -> MeshModel:
-    model = run.model
-    layout = a.get("layout")
-    flat = flatten_layout(layout) if layout is not None else None
-    shape = layout_shape(layout) if layout is not None else None
-    if "group" in a:
-        group = _resolve(run, a["group"])
-        if group is None:
-            raise ModelRaise(Err("TypeError", "not iterable"))
-        return model.from_groups([group], flat, shape, a.get("names"), one_d=True)
-    src = _mesh(run, a["src"])
-    dims = a.get("dims") or list(range(src.ndim))
-    groups = [model.get_group(src, d) for d in dims]
-    names = a.get("names")
-    if names is None and src.names:
-        names = [src.names[d] if isinstance(d, int) else d for d in dims]
-    if len(dims) > 1 and flat is None:
-        if src.coordinate is None:
-            raise ModelRaise(Err("HandleError", "this rank is not in the source mesh"))
-        indices = [src.names.index(d) if isinstance(d, str) else d for d in dims]  # type: ignore[union-attr]
-        flat, shape = restrict_view(model.mesh_view(src), src.coordinate, src.shape, indices)
-    return model.from_groups(groups, flat, shape, names, one_d=len(dims) == 1)
-
-
-def _all_submeshes(run: RankRun, a: dict) -> list[MeshModel]:
-    return run.model.all_submeshes(_mesh(run, a["src"]), a["dim"])
-
-
-def _new_group(run: RankRun, a: dict) -> Group | None:
-    return run.model.new_group(list(a["ranks"]))
-
-
-def _query(run: RankRun, a: dict) -> Any:
-    model, mesh, dim, what = run.model, _mesh(run, a["mesh"]), a.get("dim"), a["what"]
-    if what == "get_group":
-        return model.group_observation(mesh, dim)
-    if what == "get_all_groups":
-        return [model.group_observation(mesh, i) for i in range(mesh.ndim)]
-    if what == "get_local_rank":
-        return model.local_rank_observation(mesh, dim)
-    if what == "get_coordinate":
-        return list(mesh.coordinate) if mesh.coordinate is not None else None
-    if what == "size":
-        return model.size(mesh, dim)
-    if what == "shape":
-        return list(mesh.shape)
-    if what == "ndim":
-        return mesh.ndim
-    if what == "mesh":
-        return model.mesh_view(mesh)
-    return list(mesh.names) if mesh.names else None  # mesh_dim_names
-
-
-def _attempt(fn, *args) -> Any:
-    try:
-        return fn(*args)
-    except ModelRaise as exc:
-        return exc.err
-
-
-def _check(run: RankRun, a: dict) -> Any:
-    model, mesh = run.model, _mesh(run, a["mesh"])
-    collectives = a.get("collectives", True)
-    obs = summary(mesh)
-    if isinstance(obs, Quirk):
-        obs = obs.torch
-    obs = dict(obs, size=math.prod(mesh.shape), dims=[])
-    for index in range(mesh.ndim):
-        entry: dict[str, Any] = {"size": model.size(mesh, index)}
-        try:
-            group = model.get_group(mesh, index)
-        except ModelRaise as exc:
-            entry["group"] = exc.err
-            obs["dims"].append(entry)
-            continue
-        entry["group"] = model.group_observation(mesh, index)
-        entry["local_rank"] = model.local_rank_observation(mesh, index)
-        if mesh.names:
-            name = mesh.names[index]
-            entry["group_by_name"] = _attempt(model.group_observation, mesh, name)
-            entry["local_rank_by_name"] = _attempt(model.local_rank_observation, mesh, name)
-        if collectives:
-            entry["all_reduce"] = model.all_reduce(group, model.world)
-            entry["all_gather"] = model.all_gather(group)
-            entry["broadcast"] = model.broadcast(group, 0)
-        obs["dims"].append(entry)
-    obs["all_groups"] = _attempt(lambda: [model.group_observation(mesh, i) for i in range(mesh.ndim)])
-    return obs
-
-
-def _collective_group(run: RankRun, a: dict) -> Group | None:
-    if "group" in a:
-        return _resolve(run, a["group"])
-    return run.model.get_group(_mesh(run, a["mesh"]), a.get("dim"))
-
-
-def _collective(op: str):
-    def step(run: RankRun, a: dict) -> Any:
-        group = _collective_group(run, a)
-        if group is None:  # not a member of a new_group: torch returns without communicating
-            return None
-        model = run.model
-        if op == "all_reduce":
-            return model.all_reduce(group, a.get("numel", model.world))
-        if op == "all_gather":
-            return model.all_gather(group)
-        if op == "broadcast":
-            return model.broadcast(group, a.get("src", 0))
-        return model.barrier(group)
-
-    return step
-
-
-_STEP = {
-    "init_device_mesh": _init,
-    "mesh": _explicit,
-    "slice": _slice,
-    "flatten": _flatten,
-    "unflatten": _unflatten,
-    "concatenate": _concatenate,
-    "from_group": _from_group,
-    "all_submeshes": _all_submeshes,
-    "new_group": _new_group,
-    "query": _query,
-    "check": _check,
-    **{op: _collective(op) for op in COLLECTIVES},
-}
 
 
 # --------------------------------------------------------------------------------------------- the whole world
@@ -413,35 +264,3 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
                             if current(m) is None or (current(m).key, current(m).kind) != (call.key, call.kind))
             stuck.append(Stuck(rank, call, missing))
     return stuck, mismatched
-
-
-def _outcome(preds: list[RankPrediction], stuck: list[Stuck], deadline: float | None) -> str:
-    if any(p.end == "died" for p in preds):
-        return "crash"
-    if any(p.end == "raised" for p in preds):
-        return "error"
-    if stuck:
-        return "hang"
-    if deadline is not None and any(p.slept >= deadline for p in preds):
-        return "hang"
-    return "pass"
-
-
-
-
-
-def _culprits(plan: Plan, world: int, preds: list[RankPrediction], stuck: list[Stuck], outcome: str,
-              deadline: float | None) -> list[int]:
-    if outcome == "pass":
-        return []
-    ended = {p.rank for p in preds if p.end != "finished"}
-    if ended:
-        return sorted(ended)
-    if deadline is not None:
-        late = {p.rank for p in preds if p.slept >= deadline}
-        if late:
-            return sorted(late)
-    divergent = plan.divergent_ranks(world)
-    if divergent:
-        return sorted(divergent)
-    return sorted({m for s in stuck for m in s.missing})

@@ -1,16 +1,8 @@
 """Live progress events from a rank, emitted *before* every call that can block.
 
 A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
-group creation announces itself first. Events are small tuples:
-
-    ("step", index, op, out, time)           a plan step begins (wall-clock time on the rank)
-    ("call", kind, ranks, group, seq, ctx)   about to block: `kind` on the group `ranks` (torch's name
-                                             `group`), the `seq`-th call on that group from this rank;
-                                             ctx = (mesh handle, dim) when known
-    ("ret",)                                 the call returned
-    ("fn", name)                             a user function begins
-    ("mesh", shape, names, ranks)            DeviceMesh is about to create the groups of a mesh of this
-                                             shape over these ranks (every replica, row-major)
+group creation announces itself first (meshsim.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
+MeshBuilt). They are installed around torch.distributed itself, so users' own code is followed too.
 """
 
 from __future__ import annotations
@@ -19,6 +11,8 @@ import functools
 import inspect
 import threading
 from typing import Any, Callable
+
+from ..wire import CallBegun, CallReturned, MeshBuilt
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
@@ -31,26 +25,26 @@ COLLECTIVES = (
 class Progress:
     """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
 
-    def __init__(self, send: Callable[[tuple], None]):
+    def __init__(self, send: Callable[[Any], None]):
         self._send = send
         self._lock = threading.Lock()
         self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
         self.seq: dict[str, int] = {}
 
-    def emit(self, event: tuple) -> None:
+    def emit(self, event: Any) -> None:
         with self._lock:
             self._send(event)
 
     def call(self, kind: str, ranks: tuple[int, ...], group: str) -> None:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
-        self.emit(("call", kind, ranks, group, n, self.context or _mesh_dims.get(group)))
+        self.emit(CallBegun(kind, ranks, group, n, self.context or _mesh_dims.get(group)))
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
-        self.emit(("call", "new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
+        self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
 
     def returned(self) -> None:
-        self.emit(("ret",))
+        self.emit(CallReturned())
 
 
 _installed: Progress | None = None
@@ -147,7 +141,7 @@ def install(progress: Progress) -> None:
         try:
             ranks = tuple(layout.remap_to_tensor(rank_map).flatten().tolist())
             names = tuple(mesh_dim_names) if mesh_dim_names else None
-            _installed.emit(("mesh", tuple(layout.top_level_sizes), names, ranks))
+            _installed.emit(MeshBuilt(tuple(layout.top_level_sizes), names, ranks))
         except Exception:
             pass
         return original_init_groups(layout, rank_map, mesh_dim_names, backend_override)

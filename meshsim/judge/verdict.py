@@ -6,11 +6,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import findings as F
-from .model import SKIPPED, Err, Prediction, Quirk, is_error, to_json
-from .model.predict import UNDEFINED
-
-OUTCOMES = ("pass", "mismatch", "error", "hang", "crash")
+from .. import findings as F
+from ..model import Err, Prediction, Quirk, to_json
+from ..outcome import CRASH, ERROR, HANG, UNDEFINED, outcome_of
+from ..wire import SKIPPED, is_error
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,31 +105,23 @@ def _outcome_ok(expected: Any, outcome: str) -> bool:
     return outcome == expected
 
 
-def observed_outcome(record: Any, differences: list[Difference]) -> str:
-    if record.died:
-        return "crash"
-    if record.raised:
-        return "error"
-    if record.timed_out:
-        return "hang"
-    if differences:
-        return "mismatch"
-    return "pass"
-
-
 def judge(plan: Any, prediction: Prediction, record: Any, strict: bool = False) -> Result:
     from .diagnose import diagnose
 
     version = torch_version()
-    differences, hits = compare_run(plan, prediction, record, version)
-    outcome = observed_outcome(record, differences)
+    if prediction.model_error is not None:
+        differences, hits = [Difference(0, plan.steps[0].op, None, "(the model)",
+                                        [(list(range(record.world)), prediction.model_error, "not compared")])], {}
+    else:
+        differences, hits = compare_run(plan, prediction, record, version)
+    outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences))
     expected = prediction.outcome
     if isinstance(expected, Quirk) and outcome != expected.right and expected.torch in (outcome, UNDEFINED):
         hit = hits.setdefault(expected.finding, FindingHit(expected.finding))
         hit.where.append(f"outcome {outcome}")
     result = Result(plan, prediction.world, outcome, prediction.outcome, differences, hits, record, prediction,
                     strict=strict)
-    if outcome in ("hang", "crash", "error"):
+    if outcome in (HANG, CRASH, ERROR):
         result.diagnosis = diagnose(record, plan, prediction)
     return result
 

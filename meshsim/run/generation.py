@@ -9,17 +9,22 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..worker.main import STACK_SIGNAL, WorkerSpec, worker_main
+from ..wire import JoinFailed, Ready, Stop
+from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 
 # Imported once in the forkserver so that every worker starts warm. DeviceMesh slicing imports the fx
 # proxy-tensor machinery lazily (~0.6 s per rank on first use): pay that once, here.
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
-           "torch._subclasses.fake_tensor", "dill", "meshsim.worker.main", "meshsim.worker.execute",
-           "meshsim.worker.warm"]
+           "torch._subclasses.fake_tensor", "dill", "meshsim.run.rank", "meshsim.run.interpreter", "meshsim.ops",
+           "meshsim.run.warm"]
 
 
 class ClusterError(RuntimeError):
     """The cluster could not start or cannot serve (bad backend, too few GPUs, a rank that fails to join)."""
+
+
+class SetupError(ClusterError):
+    """A setup function that did not pass on the ranks: every later generation would fail the same way."""
 
 
 def _read_since(path: str, offset: int, limit: int | None = None) -> tuple[str, int]:
@@ -106,9 +111,10 @@ class Generation:
                         f"rank {worker.rank} died while starting (exit code {worker.process.exitcode}); "
                         "a script that starts a cluster must do so under `if __name__ == \"__main__\":`"
                     ) from None
-                if message[0] != "ready":
-                    raise ClusterError(f"rank {worker.rank} could not join the world: {message[1]}")
-                worker.pid = message[1]
+                if not isinstance(message, Ready):
+                    reason = message.reason if isinstance(message, JoinFailed) else repr(message)
+                    raise ClusterError(f"rank {worker.rank} could not join the world: {reason}")
+                worker.pid = message.pid
 
     def send(self, message: tuple) -> None:
         for worker in self.workers:
@@ -141,7 +147,7 @@ class Generation:
         self._reap(5.0)
 
     def stop(self, timeout_s: float = 3.0) -> None:
-        self.send(("stop",))
+        self.send(Stop())
         if self.lifeline is not None:
             self.lifeline.close()
             self.lifeline = None

@@ -12,7 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import torch_side
+from ..model import torch_side
+from ..outcome import blame, divergent_ranks
+from ..wire import STUCK
 
 KINDS = {
     "dead": "dead rank",
@@ -63,7 +65,7 @@ class Diagnosis:
 
 def diagnose(record: Any, plan: Any = None, prediction: Any = None) -> Diagnosis:
     states = record.states
-    waits = [_wait(s, states, plan, prediction) for s in states if s.end == "stuck" and s.call is not None]
+    waits = [_wait(s, states, plan, prediction) for s in states if s.end == STUCK and s.call is not None]
     waiting = {w.rank for w in waits}
     elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}
     kind, culprits, note = _classify(record, waits, plan)
@@ -72,18 +74,18 @@ def diagnose(record: Any, plan: Any = None, prediction: Any = None) -> Diagnosis
     return diagnosis
 
 
-def _matches(call: tuple | None, other: tuple | None) -> bool:
+def _matches(call: Any, other: Any) -> bool:
     """Whether `other` is the same blocking call as `call` (same group, same position on it)."""
     if call is None or other is None:
         return False
-    if call[1] == "new_group":
-        return other[1] == "new_group" and other[3] == call[3] and other[2] == call[2]
-    return other[1] == call[1] and other[3] == call[3] and other[4] == call[4]
+    if call.kind == "new_group":
+        return other.kind == "new_group" and other.group == call.group and other.ranks == call.ranks
+    return other.kind == call.kind and other.group == call.group and other.seq == call.seq
 
 
 def _wait(state: Any, states: list, plan: Any, prediction: Any) -> Wait:
-    _, kind, ranks, group, seq, ctx = state.call
-    missing = [m for m in ranks if not (states[m].end == "stuck" and _matches(state.call, states[m].call))]
+    kind, ranks, group, seq, ctx = state.call
+    missing = [m for m in ranks if not (states[m].end == STUCK and _matches(state.call, states[m].call))]
     mesh, dim = (ctx or (None, None))[:2]
     learned = ctx[2] if ctx is not None and len(ctx) > 2 else None
     if kind == "new_group" and isinstance(dim, str) and dim.startswith("mesh_"):
@@ -113,19 +115,27 @@ def _group_coordinate(state: Any, plan: Any, prediction: Any, handle: str | None
 
 
 def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int], str]:
+    """The kind of failure, its culprits (meshsim.outcome.blame) and a note on what the ranks disagree about."""
     states = record.states
+    stragglers = [s.rank for s in states if s.end == STUCK and s.call is None]
+    late = stragglers and (not waits or any(m in stragglers for w in waits for m in w.missing))
+    evidence: list[int] = []
+    note = ""
     if record.died:
-        return "dead", record.died, ""
-    if record.raised:
-        return "raised", record.raised, ""
-    stragglers = [s.rank for s in states if s.end == "stuck" and s.call is None]
-    if stragglers and (not waits or any(m in stragglers for w in waits for m in w.missing)):
-        return "straggler", stragglers, ""
-    if not waits:
-        return "unknown", [], ""
-    if any(w.call == "new_group" for w in waits):
-        return _classify_creation(states, waits)
-    return _classify_collectives(states, waits, plan)
+        kind = "dead"
+    elif record.raised:
+        kind = "raised"
+    elif late:
+        kind = "straggler"
+    elif not waits:
+        kind = "unknown"
+    elif any(w.call == "new_group" for w in waits):
+        kind, evidence, note = _classify_creation(states, waits)
+    else:
+        kind, evidence, note = _classify_collectives(states, waits, plan)
+    culprits = blame(dead=record.died, raised=record.raised, late=stragglers if late else (), evidence=evidence,
+                     waited_for=[m for w in waits for m in w.missing])
+    return kind, culprits, note
 
 
 def _classify_creation(states: list, waits: list[Wait]) -> tuple[str, list[int], str]:
@@ -162,7 +172,7 @@ def _mesh_divergence(states: list) -> tuple[str, list[int], str] | None:
         for s in states:
             if len(s.meshes) > k:
                 camps.setdefault(_mesh_key(s.meshes[k]), []).append(s.rank)
-            elif not (s.call is not None and s.call[1] == "new_group"):
+            elif not (s.call is not None and s.call.kind == "new_group"):
                 camps.setdefault(None, []).append(s.rank)  # moved on without building it
         if len(camps) < 2:
             continue
@@ -193,7 +203,7 @@ def _describe_camps(camps: dict) -> str:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    from .report import ranks_text
+    from ..report import ranks_text
 
     return ranks_text(ranks)
 
@@ -220,7 +230,7 @@ def _classify_collectives(states: list, waits: list[Wait], plan: Any) -> tuple[s
     different groups: calls made in a different order.
     """
     waiting = {w.rank: w for w in waits}
-    divergent = plan.divergent_ranks(len(states)) if plan is not None else set()
+    divergent = divergent_ranks(plan, len(states)) if plan is not None else set()
 
     def downstream(w: Wait) -> bool:
         return bool(w.missing) and all(m in waiting and waiting[m].group_name != w.group_name for m in w.missing)
@@ -286,15 +296,15 @@ def _normalise_stack(text: str) -> str:
     blocks = re.split(r"\n\s*\n", text.strip())
     kept = []
     for block in blocks:
-        if "meshsim/worker/main.py" in block and " in watch" in block:
+        if "meshsim/run/rank.py" in block and " in watch" in block:
             continue  # the lifeline watcher thread
-        if "meshsim/torchrun.py" in block and " in own_stack" in block:
+        if "meshsim/run/torchrun.py" in block and " in own_stack" in block:
             continue  # the torchrun watchdog, taking this very dump
         lines = []
         for line in block.splitlines():
-            if "meshsim/worker/main.py" in line or "multiprocessing/" in line or "meshsim/torchrun.py" in line:
+            if "meshsim/run/rank.py" in line or "multiprocessing/" in line or "meshsim/run/torchrun.py" in line:
                 break  # below here: meshsim's command loop and process bootstrap
-            if "meshsim/worker/progress.py" in line or "c10d_logger.py" in line:
+            if "meshsim/run/progress.py" in line or "c10d_logger.py" in line:
                 continue  # the instrumentation wrapper
             lines.append(line.rstrip())
         kept.append("\n".join(lines))

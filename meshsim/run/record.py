@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..wire import DIED, RAISED, STUCK, CallBegun, CallReturned, FunctionBegun, MeshBuilt, StepBegun, dispatch
+
 
 @dataclass
 class RankState:
@@ -12,7 +14,7 @@ class RankState:
     step: int | None = None  # plan step being run (-1: teardown of the previous plan)
     op: str | None = None
     out: str | None = None
-    call: tuple | None = None  # ("call", kind, ranks, group, seq, ctx) while blocked in it
+    call: CallBegun | None = None  # while blocked in it
     calls_on: dict[str, int] = field(default_factory=dict)  # group name -> calls made on it
     call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
@@ -20,47 +22,54 @@ class RankState:
     meshes: list[tuple] = field(default_factory=list)  # (shape, names, ranks) of each mesh whose groups it made
     done: bool = False  # sent its result
     observations: list[Any] | None = None
-    end: str | None = None  # finished | raised | died | stuck
+    end: str | None = None  # FINISHED | RAISED | DIED | STUCK (meshsim.wire)
     end_step: int | None = None
     exitcode: int | None = None
     output: str = ""  # what the rank printed (stdout and stderr) during this run
     value: Any = None  # a user function's result
     group_count: int = 0  # torch's group counter on the rank when it finished
 
-    def on_event(self, event: tuple) -> None:
-        kind = event[0]
-        if kind == "step":
-            self.step, self.op, self.out = event[1], event[2], event[3]
-            self.call = None
-        elif kind == "call":
-            self.call = event
-            if event[1] == "new_group":
-                self.groups_created += 1
-                self.created[event[3]] = tuple(event[2])
-            else:
-                self.calls_on[event[3]] = event[4] + 1
-                self.call_log[(event[3], event[4])] = (self.step, event[1])
-        elif kind == "ret":
-            self.call = None
-        elif kind == "mesh":
-            self.meshes.append((self.step,) + tuple(event[1:]))
-        elif kind == "fn":
-            self.step, self.op, self.out = 0, "function", None
-            self.call = None
+    def __post_init__(self) -> None:
+        self._handlers = {StepBegun: self._step, CallBegun: self._call, CallReturned: self._returned,
+                          MeshBuilt: self._mesh, FunctionBegun: self._function}
+
+    def on_event(self, event: Any) -> None:
+        """Follow one progress message (meshsim.wire); any other kind is refused."""
+        dispatch(event, self._handlers)
+
+    def _step(self, event: StepBegun) -> None:
+        self.step, self.op, self.out, self.call = event.index, event.op, event.out, None
+
+    def _call(self, event: CallBegun) -> None:
+        self.call = event
+        if event.kind == "new_group":
+            self.groups_created += 1
+            self.created[event.group] = tuple(event.ranks)
+        else:
+            self.calls_on[event.group] = event.seq + 1
+            self.call_log[(event.group, event.seq)] = (self.step, event.kind)
+
+    def _returned(self, event: CallReturned) -> None:
+        self.call = None
+
+    def _mesh(self, event: MeshBuilt) -> None:
+        self.meshes.append((self.step, event.shape, event.names, event.ranks))
+
+    def _function(self, event: FunctionBegun) -> None:
+        self.step, self.op, self.out, self.call = 0, "function", None, None
 
     @property
     def where(self) -> str:
         """Where the rank is, in words."""
-        if self.end == "died":
+        if self.end == DIED:
             return f"died (exit code {self.exitcode}) in step {self.step} ({self.op})"
-        if self.end == "raised":
+        if self.end == RAISED:
             return f"raised in step {self.end_step} and left the plan"
         if self.done:
             return "finished"
         at = "in the user function" if self.op == "function" else f"step {self.step}"
         if self.call is not None:
-            _, kind, ranks, _, _, ctx = self.call
-            return f"in {kind} on group {list(ranks)} ({at})"
+            return f"in {self.call.kind} on group {list(self.call.ranks)} ({at})"
         if self.step is None:
             return "has not started"
         if self.step == -1:
@@ -81,12 +90,12 @@ class RunRecord:
 
     @property
     def died(self) -> list[int]:
-        return [s.rank for s in self.states if s.end == "died"]
+        return [s.rank for s in self.states if s.end == DIED]
 
     @property
     def raised(self) -> list[int]:
-        return [s.rank for s in self.states if s.end == "raised"]
+        return [s.rank for s in self.states if s.end == RAISED]
 
     @property
     def stuck(self) -> list[int]:
-        return [s.rank for s in self.states if s.end == "stuck"]
+        return [s.rank for s in self.states if s.end == STUCK]

@@ -1,4 +1,5 @@
-"""The controller: hosts the store, owns the workers, runs plans under a deadline."""
+"""The process executor: a controller that hosts the store on loopback and owns forked worker processes, one
+per simulated device, started once and reused for many plans and functions under a deadline each."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from ..topology import Topology
-from ..worker.main import TORCH_MARGIN_S, WorkerSpec
-from .generation import PRELOAD, ClusterError, Generation
+from .. import deadlines
+from ..spec.topology import Topology
+from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, Teardown
+from .generation import PRELOAD, ClusterError, Generation, SetupError
+from .rank import WorkerSpec
 from .record import RankState, RunRecord
 
 BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto")
-DEATH_GRACE_S = 1.0  # after a rank dies, how long the others get to finish before the run is called
 _open_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
@@ -46,13 +48,14 @@ class Cluster:
     ...     result = cluster.run(plan)
     """
 
-    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = 30.0,
-                 start_timeout: float = 120.0, setup: Callable | str | None = None):
+    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
+                 start_timeout: float = deadlines.START_S, setup: Callable | str | None = None):
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
         self.backend = resolve_backend(backend, topology.world)
-        self.deadline = deadline
-        self.start_timeout = start_timeout
+        self.deadline = deadlines.checked(deadline)
+        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying
         self.generation: Generation | None = None
         self.generations_started = 0
         self._store: Any = None
@@ -95,8 +98,6 @@ class Cluster:
         listener.detach()  # the store owns the socket now
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         _open_clusters.add(self)
         try:
             self._new_generation()
@@ -111,8 +112,7 @@ class Cluster:
         specs = [
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
                        self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
-                       os.path.join(self._tmp.name, f"output-{number}-{rank}"),
-                       max(self.deadline, 30.0) + TORCH_MARGIN_S)
+                       os.path.join(self._tmp.name, f"output-{number}-{rank}"), self.start_timeout)
             for rank in range(self.world)
         ]
         generation = Generation(number)
@@ -129,10 +129,15 @@ class Cluster:
         args = () if callable(self.setup) else (self.setup,)
         run = run_function(self, target, args, {}, self.start_timeout)
         if run.outcome != "pass":
-            raise ClusterError(f"setup {getattr(self.setup, '__name__', self.setup)} failed on the ranks: "
-                               f"{run.summary()}")
+            self.restart()
+            name = getattr(self.setup, "__name__", self.setup)
+            self.broken = SetupError(f"setup {name} did not pass on the ranks ({run.outcome}): "
+                                     + run.summary().splitlines()[-1].strip())
+            raise self.broken
 
     def _ensure_generation(self) -> Generation:
+        if self.broken is not None:
+            raise self.broken
         if self._store is None:
             raise ClusterError("the cluster is not started (use `with Cluster(...)` or .start())")
         if self.generation is not None and not all(w.alive for w in self.generation.workers):
@@ -163,26 +168,20 @@ class Cluster:
 
     # ------------------------------------------------------------------ running
 
-    def run(self, plan: Any, deadline: float | None = None, predict_with: Callable | None = None) -> Any:
-        """Run a plan on every rank and judge it against the model. Returns a meshsim.verdict.Result."""
-        from ..plan import validate
-        from ..verdict import judge
+    def run(self, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
+        """Run a plan on every rank and judge it against the model (meshsim.check). Returns a Result."""
+        from ..check import check
 
-        validate(plan, self.world)
-        deadline = self.deadline if deadline is None else deadline
-        record, prediction = self.execute(("plan", plan, deadline), deadline, plan, predict_with)
-        return judge(plan, prediction, record)
+        return check(self, plan, self.deadline if deadline is None else deadline, strict=strict)
 
-    def execute(self, message: tuple, deadline: float, plan: Any = None,
-                predict_with: Callable | None = None) -> tuple[RunRecord, Any]:
-        """Send one command to every rank and follow it to its end; the model runs meanwhile."""
-        from ..model import predict
-
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+        """Send one piece of work to every rank and follow it to its end (the Executor protocol)."""
         generation = self._ensure_generation()
         started = time.monotonic()
-        generation.send(message)
-        prediction = (predict_with or predict)(plan, self.world, deadline) if plan is not None else None
-        record = self._follow(generation, started, deadline)
+        generation.send(work)
+        if meanwhile is not None:
+            meanwhile()  # the model predicts while the ranks work
+        record = self._follow(generation, started, work.deadline)
         for worker in generation.workers:
             record.states[worker.rank].output = worker.new_output()
         if record.timed_out or record.died:
@@ -190,11 +189,13 @@ class Cluster:
             self.restart()
             try:
                 self._new_generation()  # fresh ranks now, so the cluster is ready when the caller gets the result
+            except SetupError:
+                raise
             except ClusterError:
                 self.generation = None  # the next run tries again and reports why it cannot start
         else:
-            generation.send(("teardown", max(s.group_count for s in record.states) + 1))
-        return record, prediction
+            generation.send(Teardown(max(s.group_count for s in record.states) + 1))
+        return record
 
     def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
         states = [RankState(w.rank) for w in generation.workers]
@@ -204,7 +205,7 @@ class Cluster:
         hard = started + deadline
         first_death: float | None = None
         while pending:
-            limit = hard if first_death is None else min(hard, first_death + DEATH_GRACE_S)
+            limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
             left = limit - time.monotonic()
             if left <= 0:
                 break
@@ -220,11 +221,11 @@ class Cluster:
                     worker.process.join(0.5)
                     self._drain(worker, states[worker.rank])
                     state = states[worker.rank]
-                    state.end, state.exitcode = "died", worker.process.exitcode
+                    state.end, state.exitcode = DIED, worker.process.exitcode
                     pending.discard(worker.rank)
                     first_death = first_death or time.monotonic()
         for rank in pending:
-            states[rank].end = "stuck"
+            states[rank].end = STUCK
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
 
     @staticmethod
@@ -233,16 +234,15 @@ class Cluster:
         try:
             while worker.conn.poll():
                 message = worker.conn.recv()
-                kind = message[0]
-                if kind == "result":
-                    state.observations, state.end, state.end_step, state.group_count = message[1:5]
-                    state.done = True
-                    return "result"
-                if kind == "fn_result":
-                    ok, state.value, state.group_count = message[1:4]
-                    state.end, state.done = ("finished" if ok else "raised"), True
-                    return "result"
-                state.on_event(message)
+                if isinstance(message, PlanDone):
+                    state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
+                elif isinstance(message, FunctionDone):
+                    state.value, state.end = message.value, FINISHED if message.ok else RAISED
+                else:
+                    state.on_event(message)  # progress; any other kind is refused there
+                    continue
+                state.group_count, state.done = message.group_count, True
+                return "result"
         except (EOFError, OSError):
             return "eof"
         return "more"

@@ -1,0 +1,35 @@
+"""The one place that checks a plan: validate -> predict -> execute -> judge.
+
+Every entry point goes through `check`: the Python API (Cluster.run), fuzz, scenarios, nightly, the pytest
+plugin and torchrun mode. It takes any executor (meshsim.run.Executor), and strictness is a parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import deadlines
+from .judge.verdict import Result, judge
+from .model.predict import Prediction, predict, unpredictable
+from .spec.plan import Plan, validate
+from .wire import RunPlan
+
+
+def prediction_for(plan: Plan, world: int, deadline: float) -> Prediction:
+    """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell."""
+    try:
+        return predict(plan, world, deadline)
+    except Exception as exc:  # the model's own bug becomes a verdict, never a traceback
+        return unpredictable(plan, world, exc)
+
+
+def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
+          prediction: Prediction | None = None) -> Result:
+    """Run `plan` on the executor's ranks and judge what they observed against the model."""
+    validate(plan, executor.world)
+    deadline = deadlines.checked(deadlines.PLAN_S if deadline is None else deadline)
+    found: list[Prediction] = [prediction] if prediction is not None else []
+    record = executor.execute(RunPlan(plan, deadline),
+                              meanwhile=None if found else lambda: found.append(prediction_for(plan, executor.world,
+                                                                                                deadline)))
+    return judge(plan, found[0], record, strict=strict)

@@ -1,0 +1,68 @@
+"""Every operation of the plan language, each defined once: its fields, its model step, its torch step and its
+Hypothesis strategy, side by side.
+
+    model(run, args)   what the reference model predicts this rank observes (meshsim.model.predict.RankRun)
+    torch(ex, args)    what torch does on this rank (meshsim.run.interpreter.Interpreter); torch is imported
+                       inside, so the model and the strategies stay free of it
+    draw(draw, b, handle, mesh, allow_errors)
+                       a Hypothesis draw of one such step for the plan being built (meshsim.strategies),
+                       or None when it does not fit there
+
+The registry refuses an operation that lacks any part, so a plan step can never reach a rank that has no
+torch step for it (which would read as torch disagreeing with the model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..spec import fields as F
+
+ROLES = ("root", "derive", "query", "collective", "group", "fault")
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    doc: str
+    role: str  # how the strategies use it: root meshes, derived meshes, queries, collectives, groups, faults
+    fields: dict[str, F.Kind]
+    required: tuple[str, ...]
+    produces: str | None  # what its `out` handle holds
+    creates_groups: bool  # every rank must take part (members or not), like new_group
+    model: Callable[..., Any]
+    torch: Callable[..., Any]
+    draw: Callable[..., Any]
+    check_args: Callable[[dict], None] = field(default=lambda args: None)
+
+
+OPERATIONS: dict[str, Operation] = {}
+PARTS = ("model", "torch", "draw")
+
+
+def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, required: tuple[str, ...] = (),
+              produces: str | None = None, creates_groups: bool = False) -> Callable[[type], Operation]:
+    """Register the class it decorates as operation `name`: its docstring is the op's doc, its functions
+    `model`, `torch`, `draw` (and optionally `check_args`) are the parts."""
+
+    def register(cls: type) -> Operation:
+        missing = [part for part in PARTS if not callable(getattr(cls, part, None))]
+        if missing:
+            raise TypeError(f"operation {name!r} lacks {', '.join(missing)}")
+        if role not in ROLES or name in OPERATIONS:
+            raise TypeError(f"operation {name!r}: bad role {role!r} or defined twice")
+        op = Operation(name, (cls.__doc__ or "").strip(), role, dict(fields or {}), required, produces,
+                       creates_groups, cls.model, cls.torch, cls.draw,
+                       getattr(cls, "check_args", lambda args: None))
+        OPERATIONS[name] = op
+        return op
+
+    return register
+
+
+def of_role(*roles: str) -> list[Operation]:
+    return [op for op in OPERATIONS.values() if op.role in roles]
+
+
+from . import collectives, faults, meshes, queries  # noqa: E402,F401  -- each registers its operations

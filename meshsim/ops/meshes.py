@@ -1,0 +1,335 @@
+"""Operations that make meshes and groups: roots, derived meshes, new_group."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ..model.expect import Err, ModelRaise
+from ..spec import fields as F
+from ..spec.fields import PlanError, flatten_layout, layout_shape
+from ..spec.plan import restrict_view, step
+from . import operation
+
+# ------------------------------------------------------------------------------------------ drawing helpers
+
+NAME_POOL = ("dp", "tp", "cp", "pp", "ep", "a", "b", "c", "x", "y", "z", "rep", "shard", "w0", "dp_cp", "tp_ep")
+
+
+def prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out
+
+
+@st.composite
+def mesh_shapes(draw: Any, world: int, max_dims: int = 5, allow_smaller: bool = True,
+                allow_size_one: bool = True) -> list[int]:
+    """A shape whose product is the world (mostly) or smaller; every factorisation is reachable."""
+    numel = world
+    if allow_smaller and draw(st.integers(0, 9)) == 0:
+        numel = draw(st.integers(1, world))
+    ndim = draw(st.integers(1, max_dims))
+    shape = [1] * ndim
+    for factor in prime_factors(numel):
+        shape[draw(st.integers(0, ndim - 1))] *= factor
+    if not allow_size_one:
+        shape = [s for s in shape if s > 1] or [numel]
+    return shape
+
+
+def dim_names(n: int) -> st.SearchStrategy[list[str]]:
+    """Distinct identifiers, in any order (not sorted)."""
+    pool = st.sampled_from(NAME_POOL) | st.from_regex(r"[a-z][a-z0-9_]{0,4}", fullmatch=True)
+    return st.lists(pool, min_size=n, max_size=n, unique=True)
+
+
+def nest(flat: list[int], shape: list[int]) -> list:
+    if len(shape) == 1:
+        return list(flat)
+    size = math.prod(shape[1:])
+    return [nest(flat[i * size:(i + 1) * size], shape[1:]) for i in range(shape[0])]
+
+
+@st.composite
+def rank_layouts(draw: Any, world: int, shape: list[int]) -> list:
+    """Ranks laid out in `shape`: any permutation, and any subset of the world when shape is smaller."""
+    ranks = draw(st.permutations(range(world)))[:math.prod(shape)]
+    if draw(st.booleans()):
+        ranks = sorted(ranks) if draw(st.booleans()) else ranks
+    return nest(ranks, shape)
+
+
+def names_of(mesh: Any) -> list[str]:
+    return list(mesh.names) if mesh.names else []
+
+
+def _tuple(names: Any) -> tuple | None:
+    return tuple(names) if names is not None else None
+
+
+# ------------------------------------------------------------------------------------------ roots
+
+@operation("init_device_mesh", "root", {"shape": F.SHAPE, "names": F.NAMES, "device": F.DEVICE}, ("shape",),
+           F.PRODUCES_MESH, creates_groups=True)
+class InitDeviceMesh:
+    """init_device_mesh(device, shape, mesh_dim_names=names); device defaults to the backend's"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.init_device_mesh(list(a["shape"]), a.get("names"))
+
+    def torch(ex: Any, a: dict) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(a.get("device", ex.device_type), tuple(a["shape"]),
+                                mesh_dim_names=_tuple(a.get("names")))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
+        shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world))
+        if allow_errors and draw(st.integers(0, 19)) == 0:
+            shape = shape + [2]  # larger than the world now and then: torch must refuse
+        names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
+        return step("init_device_mesh", shape=shape, names=names, out=b.fresh("m"),
+                    expect_error=math.prod(shape) > b.world or None)
+
+
+@operation("mesh", "root", {"layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, ("layout",),
+           F.PRODUCES_MESH, creates_groups=True)
+class ExplicitMesh:
+    """DeviceMesh(device, layout, mesh_dim_names=names): explicit ranks, any order, any subset"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.explicit(flatten_layout(a["layout"]), layout_shape(a["layout"]) or (), a.get("names"))
+
+    def torch(ex: Any, a: dict) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh(a.get("device", ex.device_type), a["layout"], mesh_dim_names=_tuple(a.get("names")))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
+        shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world))
+        names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
+        return step("mesh", layout=draw(rank_layouts(b.world, shape)), names=names, out=b.fresh("m"))
+
+
+# ------------------------------------------------------------------------------------------ derived meshes
+
+@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES}, ("src", "names"), F.PRODUCES_MESH)
+class Slice:
+    """src[names]"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.slice(run.mesh(a["src"]), a["names"])
+
+    def torch(ex: Any, a: dict) -> Any:
+        names = a["names"]
+        return ex.mesh(a["src"])[names if isinstance(names, str) else tuple(names)]
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        names = names_of(mesh)
+        if mesh.root is None and mesh.flatten_mapping:
+            names += list(mesh.flatten_mapping)
+        if not names:
+            return step("slice", src=handle, names="a", out=b.fresh("s")) if allow_errors else None
+        picked = [n for n in names if draw(st.booleans())] or [draw(st.sampled_from(names))]
+        if allow_errors:
+            mode = draw(st.integers(0, 9))
+            if mode == 0:
+                picked = list(reversed(picked)) if len(picked) > 1 else picked
+            elif mode == 1:
+                picked = picked + [picked[0]]
+            elif mode == 2:
+                picked = picked + ["nope"]
+        value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
+        return step("slice", src=handle, names=value, out=b.fresh("s"))
+
+
+@operation("flatten", "derive", {"src": F.MESH, "name": F.NAME}, ("src",), F.PRODUCES_MESH, creates_groups=True)
+class Flatten:
+    """src._flatten(name)"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.flatten(run.mesh(a["src"]), a.get("name"))
+
+    def torch(ex: Any, a: dict) -> Any:
+        return ex.mesh(a["src"])._flatten(a.get("name"))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        choice = draw(st.integers(0, 5))
+        name = None
+        if choice in (1, 2):
+            name = b.fresh("f")
+        elif choice == 3 and allow_errors:
+            existing = names_of(mesh.root_mesh) + list(mesh.root_mesh.flatten_mapping)
+            name = draw(st.sampled_from(existing)) if existing else None
+        return step("flatten", src=handle, name=name, out=b.fresh("f"))
+
+
+@operation("unflatten", "derive", {"src": F.MESH, "dim": F.DIM, "sizes": F.SHAPE, "names": F.NAMES},
+           ("src", "dim", "sizes", "names"), F.PRODUCES_MESH, creates_groups=True)
+class Unflatten:
+    """src._unflatten(dim, sizes, names)"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.unflatten(run.mesh(a["src"]), a["dim"], list(a["sizes"]), list(a["names"]))
+
+    def torch(ex: Any, a: dict) -> Any:
+        return ex.mesh(a["src"])._unflatten(a["dim"], tuple(a["sizes"]), tuple(a["names"]))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        if not mesh.names:
+            return None
+        splittable = [i for i, s in enumerate(mesh.shape) if s > 1]
+        if not splittable:
+            return None
+        dim = draw(st.sampled_from(splittable))
+        parts = draw(st.integers(2, 3))
+        sizes = [1] * parts
+        for factor in prime_factors(mesh.shape[dim]):
+            sizes[draw(st.integers(0, parts - 1))] *= factor
+        if allow_errors and draw(st.integers(0, 9)) == 0:
+            sizes[0] += 1  # product no longer matches
+        names = [b.fresh("u") for _ in sizes]
+        if allow_errors and draw(st.integers(0, 9)) == 0:
+            names[0] = draw(st.sampled_from(names_of(mesh)))
+        key: Any = mesh.names[dim] if draw(st.booleans()) else dim
+        return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"))
+
+
+@operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH)
+class Concatenate:
+    """DeviceMesh._concatenate([srcs...])"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.concatenate([run.mesh(ref) for ref in a["srcs"]])
+
+    def torch(ex: Any, a: dict) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh._concatenate([ex.mesh(ref) for ref in a["srcs"]])
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        others = [(h, m) for h, m in b.meshes() if m.names and (allow_errors or m.root_mesh is mesh.root_mesh)]
+        if not mesh.names or not others:
+            return None
+        partner = draw(st.sampled_from(others))[0]
+        srcs = [handle, partner] if draw(st.booleans()) else [partner, handle]
+        return step("concatenate", srcs=srcs, out=b.fresh("c"))
+
+
+@operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "layout": F.LAYOUT,
+                                    "names": F.NAMES}, (), F.PRODUCES_MESH)
+class FromGroup:
+    """DeviceMesh.from_group(groups of src's dims, or a new_group handle; mesh=layout or src's view)"""
+
+    def check_args(a: dict) -> None:
+        if ("src" in a) == ("group" in a):
+            raise PlanError("needs exactly one of 'src' (with 'dims') or 'group'")
+        if "group" in a and "dims" in a:
+            raise PlanError("'dims' goes with 'src', not with 'group'")
+
+    def model(run: Any, a: dict) -> Any:
+        model = run.model
+        layout = a.get("layout")
+        flat = flatten_layout(layout) if layout is not None else None
+        shape = layout_shape(layout) if layout is not None else None
+        if "group" in a:
+            group = run.resolve(a["group"])
+            if group is None:
+                raise ModelRaise(Err("TypeError", "not iterable"))
+            return model.from_groups([group], flat, shape, a.get("names"), one_d=True)
+        src = run.mesh(a["src"])
+        dims = a.get("dims") or list(range(src.ndim))
+        groups = [model.get_group(src, d) for d in dims]
+        names = a.get("names")
+        if names is None and src.names:
+            names = [src.names[d] if isinstance(d, int) else d for d in dims]
+        if len(dims) > 1 and flat is None:
+            if src.coordinate is None:
+                raise ModelRaise(Err("HandleError", "this rank is not in the source mesh"))
+            indices = [src.names.index(d) if isinstance(d, str) else d for d in dims]
+            flat, shape = restrict_view(model.mesh_view(src), src.coordinate, src.shape, indices)
+        return model.from_groups(groups, flat, shape, names, one_d=len(dims) == 1)
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        names = a.get("names")
+        layout = a.get("layout")
+        if "group" in a:
+            return DeviceMesh.from_group(ex.resolve(a["group"]), ex.device_type, mesh=layout,
+                                         mesh_dim_names=_tuple(names) if names else None)
+        src = ex.mesh(a["src"])
+        dims = a.get("dims") or list(range(src.ndim))
+        groups = [src.get_group(d) for d in dims]
+        if names is None and src.mesh_dim_names:
+            names = [src.mesh_dim_names[d] if isinstance(d, int) else d for d in dims]
+        if len(dims) == 1:
+            return DeviceMesh.from_group(groups[0], src.device_type, mesh=layout,
+                                         mesh_dim_names=_tuple(names) if names else None)
+        if layout is None:
+            coordinate = src.get_coordinate()
+            if coordinate is None:
+                raise ex.HandleError("this rank is not in the source mesh")
+            indices = [src.mesh_dim_names.index(d) if isinstance(d, str) else d for d in dims]
+            flat, shape = restrict_view(src.mesh.tolist(), tuple(coordinate), tuple(src.shape), indices)
+            layout = torch.tensor(flat, dtype=torch.int).reshape(shape)
+        return DeviceMesh.from_group(groups, src.device_type, mesh=layout,
+                                     mesh_dim_names=_tuple(names) if names else None)
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        dims = [i for i in range(mesh.ndim) if draw(st.booleans())] or [draw(st.integers(0, mesh.ndim - 1))]
+        keys: list[Any] = [mesh.names[i] if mesh.names and draw(st.booleans()) else i for i in dims]
+        return step("from_group", src=handle, dims=keys, out=b.fresh("g"))
+
+
+@operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST)
+class AllSubmeshes:
+    """src._get_all_submeshes(dim): handles out.0, out.1, ..."""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.all_submeshes(run.mesh(a["src"]), a["dim"])
+
+    def torch(ex: Any, a: dict) -> Any:
+        return ex.mesh(a["src"])._get_all_submeshes(a["dim"])
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        names = names_of(mesh)
+        if not names:
+            return None
+        dim = draw(st.sampled_from(names + (["nope"] if allow_errors else [])))
+        return step("all_submeshes", src=handle, dim=dim, out=b.fresh("l"))
+
+
+@operation("new_group", "group", {"ranks": F.RANKS}, ("ranks",), F.PRODUCES_GROUP, creates_groups=True)
+class NewGroup:
+    """dist.new_group(ranks)"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.new_group(list(a["ranks"]))
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch.distributed as dist
+
+        group = dist.new_group(list(a["ranks"]))
+        return group if isinstance(group, dist.ProcessGroup) else None  # non-members get a sentinel int
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool) -> Any:
+        ranks = draw(st.lists(st.integers(0, b.world - 1), min_size=1, max_size=b.world, unique=True))
+        return step("new_group", ranks=ranks, out=b.fresh("pg"))

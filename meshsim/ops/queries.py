@@ -1,0 +1,188 @@
+"""Operations that ask a mesh about itself, and `check`, which asks everything and runs every collective."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ..model.expect import ModelRaise, Quirk
+from ..spec import fields as F
+from ..spec.plan import step
+from ..wire import error_value
+from . import operation
+from .meshes import names_of
+
+
+def _model_attempt(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ModelRaise as exc:
+        return exc.err
+
+
+def _torch_attempt(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return error_value(exc)
+
+
+def mesh_summary(mesh: Any) -> dict:
+    """The cheap facts every mesh-producing step records, of a torch DeviceMesh."""
+    try:
+        view: Any = mesh.mesh.tolist()
+    except Exception as exc:
+        view = error_value(exc)
+    return {"shape": list(mesh.shape), "ndim": mesh.ndim,
+            "names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+            "coordinate": torch_coordinate(mesh), "mesh": view}
+
+
+def torch_coordinate(mesh: Any) -> list[int] | None:
+    coordinate = mesh.get_coordinate()
+    return list(coordinate) if coordinate is not None else None
+
+
+@operation("query", "query", {"mesh": F.MESH, "what": F.QUERY, "dim": F.DIM}, ("mesh", "what"))
+class Query:
+    """one DeviceMesh query: get_group, get_all_groups, get_local_rank, get_coordinate, size, shape, ndim, mesh,
+    mesh_dim_names"""
+
+    def model(run: Any, a: dict) -> Any:
+        model, mesh, dim, what = run.model, run.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "get_group":
+            return model.group_observation(mesh, dim)
+        if what == "get_all_groups":
+            return [model.group_observation(mesh, i) for i in range(mesh.ndim)]
+        if what == "get_local_rank":
+            return model.local_rank_observation(mesh, dim)
+        if what == "get_coordinate":
+            return list(mesh.coordinate) if mesh.coordinate is not None else None
+        if what == "size":
+            return model.size(mesh, dim)
+        if what == "shape":
+            return list(mesh.shape)
+        if what == "ndim":
+            return mesh.ndim
+        if what == "mesh":
+            return model.mesh_view(mesh)
+        return list(mesh.names) if mesh.names else None
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch.distributed as dist
+
+        mesh, dim, what = ex.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "get_group":
+            return dist.get_process_group_ranks(mesh.get_group(dim))
+        if what == "get_all_groups":
+            return [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()]
+        if what == "get_local_rank":
+            return mesh.get_local_rank(dim)
+        if what == "get_coordinate":
+            return torch_coordinate(mesh)
+        if what == "size":
+            return mesh.size(dim)
+        if what == "shape":
+            return list(mesh.shape)
+        if what == "ndim":
+            return mesh.ndim
+        if what == "mesh":
+            return mesh.mesh.tolist()
+        return list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        what = draw(st.sampled_from(F.QUERIES))
+        dim: Any = None
+        if what in ("get_group", "get_local_rank", "size") and (mesh.ndim > 1 or draw(st.booleans())):
+            choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
+            if allow_errors:
+                choices += [mesh.ndim, "nope"]
+            dim = draw(st.sampled_from(choices))
+        return step("query", mesh=handle, what=what, dim=dim)
+
+
+@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",))
+class GetRank:
+    """mesh.get_rank(): this rank's global rank, asked of a mesh"""
+
+    def model(run: Any, a: dict) -> Any:
+        run.mesh(a["mesh"])
+        return run.model.rank
+
+    def torch(ex: Any, a: dict) -> Any:
+        return ex.mesh(a["mesh"]).get_rank()
+
+    def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        return st.just(step("get_rank", mesh=handle))
+
+
+@operation("check", "query", {"mesh": F.MESH, "collectives": F.BOOL}, ("mesh",))
+class Check:
+    """every query, and all_reduce/all_gather/broadcast along every dim"""
+
+    def model(run: Any, a: dict) -> Any:
+        from ..model.predict import summary
+
+        model, mesh = run.model, run.mesh(a["mesh"])
+        obs = summary(mesh)
+        if isinstance(obs, Quirk):
+            obs = obs.torch
+        obs = dict(obs, size=math.prod(mesh.shape), dims=[])
+        for index in range(mesh.ndim):
+            entry: dict[str, Any] = {"size": model.size(mesh, index)}
+            try:
+                group = model.get_group(mesh, index)
+            except ModelRaise as exc:
+                entry["group"] = exc.err
+                obs["dims"].append(entry)
+                continue
+            entry["group"] = model.group_observation(mesh, index)
+            entry["local_rank"] = model.local_rank_observation(mesh, index)
+            if mesh.names:
+                name = mesh.names[index]
+                entry["group_by_name"] = _model_attempt(model.group_observation, mesh, name)
+                entry["local_rank_by_name"] = _model_attempt(model.local_rank_observation, mesh, name)
+            if a.get("collectives", True):
+                entry["all_reduce"] = model.all_reduce(group, model.world)
+                entry["all_gather"] = model.all_gather(group)
+                entry["broadcast"] = model.broadcast(group, 0)
+            obs["dims"].append(entry)
+        obs["all_groups"] = _model_attempt(lambda: [model.group_observation(mesh, i) for i in range(mesh.ndim)])
+        return obs
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch.distributed as dist
+
+        handle = a["mesh"]
+        mesh = ex.mesh(handle)
+        obs = dict(mesh_summary(mesh), size=mesh.size(), dims=[])
+        names = mesh.mesh_dim_names
+        for index in range(mesh.ndim):
+            entry: dict[str, Any] = {"size": mesh.size(index)}
+            try:
+                group = mesh.get_group(index)
+            except Exception as exc:
+                entry["group"] = error_value(exc)
+                obs["dims"].append(entry)
+                continue
+            entry["group"] = dist.get_process_group_ranks(group)
+            entry["local_rank"] = mesh.get_local_rank(index)
+            if names:
+                name = names[index]
+                entry["group_by_name"] = _torch_attempt(lambda: dist.get_process_group_ranks(mesh.get_group(name)))
+                entry["local_rank_by_name"] = _torch_attempt(mesh.get_local_rank, name)
+            if a.get("collectives", True):
+                ex.progress.context = (handle, names[index] if names else index)
+                device = ex.device_of(mesh.device_type)
+                entry["all_reduce"] = ex.all_reduce(group, ex.world, device)
+                entry["all_gather"] = ex.all_gather(group, device)
+                entry["broadcast"] = ex.broadcast(group, 0, device)
+            obs["dims"].append(entry)
+        obs["all_groups"] = _torch_attempt(lambda: [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()])
+        return obs
+
+    def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        return st.just(step("check", mesh=handle))

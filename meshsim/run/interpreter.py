@@ -1,0 +1,154 @@
+"""One rank's interpreter of plans: each step's torch part (meshsim.ops), with what it returns or raises
+recorded as plain JSON observations for the verdict.
+
+meshsim.run is the only package that calls torch.distributed; this module and meshsim.run.rank are where the
+plan steps meet it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from ..ops.faults import InjectedError
+from ..ops.queries import mesh_summary
+from ..spec.plan import Plan, Step
+from ..wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value
+from .progress import Progress
+
+
+class HandleError(LookupError):
+    """A step names a handle that an earlier step did not produce on this rank."""
+
+
+class Interpreter:
+    """Runs plans on one rank; keeps the handles of the plan being run."""
+
+    HandleError = HandleError
+
+    def __init__(self, rank: int, world: int, device_type: str, progress: Progress):
+        self.rank = rank
+        self.world = world
+        self.device_type = device_type
+        self.progress = progress
+        self.handles: dict[str, Any] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_of(self.device_type)
+
+    @staticmethod
+    def device_of(device_type: str) -> torch.device:
+        if device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def release(self, baseline: set, next_group_count: int) -> None:
+        """Destroy what the last plan made, once every rank has finished it (no group is still connecting).
+
+        Then continue group names from `next_group_count`, the same on every rank and above any name used so
+        far: a plan that made ranks create different numbers of groups must not make the next plan's names
+        disagree (gloo's rendezvous is keyed by the name, and a stale key from an old group leads nowhere).
+        """
+        import torch.distributed.distributed_c10d as c10d
+
+        from .progress import forget_groups
+
+        for value in list(self.handles.values()):
+            for mesh in value if isinstance(value, list) else [value]:
+                if isinstance(mesh, DeviceMesh):
+                    root = mesh._get_root_mesh()
+                    root._flatten_mapping.clear()  # a reference cycle that keeps gloo groups alive
+                    root._pg_registry.clear()
+        self.handles.clear()
+        for pg in list(c10d._world.pg_map):
+            if pg not in baseline:
+                try:
+                    dist.destroy_process_group(pg)
+                except Exception:
+                    pass
+        forget_groups()
+        c10d._world.group_count = next_group_count
+
+    def run(self, plan: Plan) -> tuple[list[Any], str, int | None]:
+        """Run every step meant for this rank. Returns (observations, end, end_step)."""
+        observations: list[Any] = []
+        for index, st in enumerate(plan.steps):
+            if not st.runs_on(self.rank):
+                observations.append(SKIPPED)
+                continue
+            self.progress.emit(StepBegun(index, st.op, st.out, time.time()))
+            try:
+                observations.append(self.step(st, st.args_for(self.rank)))
+            except InjectedError as exc:
+                observations.append(error_value(exc))
+                observations.extend([SKIPPED] * (len(plan.steps) - index - 1))
+                return observations, RAISED, index
+            except Exception as exc:  # torch raised: an observation like any other
+                if st.out:
+                    self.handles.pop(st.out, None)
+                observations.append(error_value(exc))
+            finally:
+                self.progress.context = None
+        return observations, FINISHED, None
+
+    def step(self, st: Step, args: dict) -> Any:
+        self.progress.context = (st.out, None)
+        value = st.operation.torch(self, args)
+        if st.out is not None:
+            self.handles[st.out] = value
+        return self.observe(value)
+
+    def observe(self, value: Any) -> Any:
+        if isinstance(value, DeviceMesh):
+            return mesh_summary(value)
+        if isinstance(value, list) and value and isinstance(value[0], DeviceMesh):
+            return [mesh_summary(m) for m in value]
+        if isinstance(value, dist.ProcessGroup):
+            return {"ranks": dist.get_process_group_ranks(value), "group_rank": dist.get_rank(value)}
+        return value
+
+    # ------------------------------------------------------------------ handles
+
+    def resolve(self, ref: str) -> Any:
+        name, _, item = ref.partition(".")
+        if name not in self.handles:
+            raise HandleError(f"handle {name!r} does not exist on this rank")
+        value = self.handles[name]
+        if item:
+            if not isinstance(value, list) or int(item) >= len(value):
+                raise HandleError(f"handle {ref!r} does not exist on this rank")
+            value = value[int(item)]
+        return value
+
+    def mesh(self, ref: str) -> DeviceMesh:
+        value = self.resolve(ref)
+        if not isinstance(value, DeviceMesh):
+            raise HandleError(f"handle {ref!r} is not a mesh")
+        return value
+
+    # ------------------------------------------------------------------ collectives whose values tell ranks apart
+
+    def all_reduce(self, group: Any, numel: int, device: torch.device) -> Any:
+        x = torch.zeros(numel, device=device)
+        if self.rank < numel:
+            x[self.rank] = 1
+        dist.all_reduce(x, group=group)
+        values = x.tolist()
+        if all(v in (0.0, 1.0) for v in values):
+            return [i for i, v in enumerate(values) if v == 1.0]
+        return values
+
+    def all_gather(self, group: Any, device: torch.device) -> list[int]:
+        out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, torch.tensor([self.rank], device=device), group=group)
+        return [int(t.item()) for t in out]
+
+    def broadcast(self, group: Any, src: int, device: torch.device) -> int:
+        t = torch.tensor([self.rank], device=device)
+        dist.broadcast(t, group=group, group_src=src)
+        return int(t.item())

@@ -1,0 +1,212 @@
+"""A rank: one simulated device, booted once and reused for many plans and functions.
+
+`RankSession` is the one boot and the one teardown of every rank meshsim runs, whether a worker process of the
+local cluster (meshsim.run.process) or a process torchrun started (meshsim.run.torchrun). A worker process dies
+with the controller (PR_SET_PDEATHSIG, and a lifeline pipe whose end-of-file it watches from a thread, which
+works even while the main thread is stuck inside C++), dumps its Python stacks on SIGUSR1, and bounds every
+torch wait by the run's deadline (meshsim.deadlines.torch_wait).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+from ..deadlines import torch_wait
+from ..wire import (FunctionBegun, FunctionDone, JoinFailed, PlanDone, Ready, RunFunction, RunPlan, StepBegun,
+                    Stop, Teardown, dispatch)
+
+STACK_SIGNAL = signal.SIGUSR1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    hosts: int
+    devices_per_host: int
+    port: int
+    prefix: str  # store prefix of this generation of workers
+    backend: str  # gloo | nccl | cpu:gloo,cuda:nccl
+    stack_file: str
+    output_file: str  # the rank's stdout and stderr (C++ aborts print there too)
+    start_timeout_s: float  # joining the world; torch's waits follow from it by torch_wait()
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(3)
+
+
+def _name_process(name: str) -> None:
+    """Show up as meshsim-rN in ps/top (PR_SET_NAME)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(15, ctypes.c_char_p(name.encode()[:15]))
+        except OSError:
+            pass
+
+
+def _capture_output(path: str) -> None:
+    """Send this rank's stdout and stderr (Python's and C++'s) to its own file, for the report."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _watch_lifeline(lifeline: Any) -> None:
+    def watch() -> None:
+        try:
+            lifeline.recv()
+        except (EOFError, OSError):
+            pass
+        os._exit(3)
+
+    threading.Thread(target=watch, name="meshsim-lifeline", daemon=True).start()
+
+
+def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
+    _die_with_parent()
+    _watch_lifeline(lifeline)
+    _name_process(f"meshsim-r{spec.rank}")
+    warnings.simplefilter("ignore")  # torch's deprecation chatter from 8 ranks would bury the report
+    from ..spec.topology import Topology
+
+    topology = Topology(spec.hosts, spec.devices_per_host)
+    os.environ.update(topology.env(spec.rank, spec.port))
+    # A simulated cluster lives on this machine: never listen beyond loopback, whatever the user's shell says.
+    os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    if "nccl" in spec.backend:
+        os.environ["CUDA_VISIBLE_DEVICES"] = topology.gpu_slice(spec.rank)
+    _capture_output(spec.output_file)
+    stacks = open(spec.stack_file, "w")
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+    try:
+        session = RankSession.join(spec.backend, spec.rank, topology.world, conn.send,
+                                   store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
+    except Exception as exc:  # could not join the world: tell the controller why, then leave
+        conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
+        os._exit(4)
+    conn.send(Ready(os.getpid()))
+    serve(session, conn)
+
+
+def serve(session: "RankSession", conn: Any) -> None:
+    """The worker's command loop: one command at a time from the controller, until Stop or the pipe closes."""
+
+    def stop(message: Stop) -> None:
+        session.dist.destroy_process_group()
+        os._exit(0)
+
+    handlers: dict[type, Callable[[Any], Any]] = {
+        RunPlan: lambda m: conn.send(session.run_plan(m.plan, m.deadline)),
+        RunFunction: lambda m: conn.send(session.run_function(m.payload, m.deadline)),
+        Teardown: lambda m: session.teardown(m.next_group_count),
+        Stop: stop,
+    }
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(3)
+        dispatch(message, handlers)
+
+
+class RankSession:
+    """The torch side of a rank: the default group, the progress hooks, the plan interpreter, the teardown."""
+
+    def __init__(self, rank: int, world: int, device_type: str, store: Any, send: Callable[[Any], None]):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        from .interpreter import Interpreter
+        from .progress import Progress, install
+
+        self.dist, self.c10d, self.store = dist, c10d, store
+        self.baseline = set(c10d._world.pg_map)
+        self.progress = Progress(send)
+        install(self.progress)
+        self.interpreter = Interpreter(rank, world, device_type, self.progress)
+
+    @classmethod
+    def join(cls, backend: str, rank: int, world: int, send: Callable[[Any], None],
+             store: tuple[str, int, str] | None = None, timeout_s: float = 120.0) -> "RankSession":
+        """Join the world: on the controller's store (host, port, prefix), or on torchrun's (store None)."""
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        torch.set_num_threads(1)
+        timeout = timedelta(seconds=torch_wait(timeout_s))
+        c10d.default_pg_timeout = timeout
+        device_type = "cuda" if "nccl" in backend else "cpu"
+        if device_type == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        if store is not None:
+            host, port, prefix = store
+            client = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
+            dist.init_process_group(backend, store=client, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
+            client = c10d._get_default_store()
+        dist.barrier()  # the first collective pays for lazy set-up; pay it before the first plan
+        return cls(rank, world, device_type, client, send)
+
+    def bound_waits(self, deadline_s: float) -> None:
+        """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min)."""
+        timeout = timedelta(seconds=torch_wait(deadline_s))
+        self.c10d.default_pg_timeout = timeout
+        self.c10d.default_pg_nccl_timeout = timeout
+        self.store.set_timeout(timeout)
+        try:
+            self.c10d._set_pg_timeout(timeout)
+        except Exception:
+            pass
+
+    def run_plan(self, plan: Any, deadline_s: float) -> PlanDone:
+        self.bound_waits(deadline_s)
+        observations, end, end_step = self.interpreter.run(plan)
+        return PlanDone(observations, end, end_step, self.c10d._world.group_count)
+
+    def run_function(self, payload: bytes, deadline_s: float) -> FunctionDone:
+        import dill
+
+        self.bound_waits(deadline_s)
+        self.progress.emit(FunctionBegun("user function"))
+        try:
+            fn, args, kwargs = dill.loads(payload)
+            ok, value = True, fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 -- the user's exception is the result
+            ok, value = False, (exc, "".join(traceback.format_exception(exc)))
+        return FunctionDone(ok, _dumps(value), self.c10d._world.group_count)
+
+    def teardown(self, next_group_count: int) -> None:
+        """Destroy what the last run made (every rank has finished it) and align the group counters."""
+        self.progress.emit(StepBegun(-1, "teardown", None, time.time()))
+        self.interpreter.release(self.baseline, next_group_count)
+
+
+def _dumps(value: Any) -> bytes:
+    import dill
+
+    try:
+        return dill.dumps(value)
+    except Exception:
+        return dill.dumps(repr(value))

@@ -1,0 +1,224 @@
+"""The kinds of field a plan step can carry, each with what it means and how it is checked.
+
+Validation checks only what a plan *says* (types, ranges, handles that exist), never what torch will do with
+it: that is the model's job. Every check bounds sizes, so a hostile file cannot make meshsim allocate, recurse
+or wait without end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ..deadlines import MAX_S
+
+
+class PlanError(ValueError):
+    """A plan that says something impossible (unknown op, unknown handle, bad rank, ...)."""
+
+
+MAX_NUMEL = 1 << 20  # elements of a collective's tensor: enough to see a size mismatch, small enough for 8 ranks
+MAX_MESH_NUMEL = 1 << 20  # a mesh asked for on purpose beyond the world (expect_error) stays this small
+MAX_DEPTH = 8  # nesting of a layout: DeviceMesh meshes have at most a handful of dims
+MAX_INT = 1 << 31
+
+# What an op leaves behind under its `out` handle.
+PRODUCES_MESH = "mesh"
+PRODUCES_MESH_LIST = "mesh_list"
+PRODUCES_GROUP = "group"
+
+QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
+           "mesh_dim_names")
+DEVICES = ("cpu", "cuda")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def layout_shape(value: Any, depth: int = 0) -> tuple[int, ...] | None:
+    """The shape of a rectangular nested list of ints, or None when it is ragged, too deep or not ints."""
+    if is_int(value):
+        return ()
+    if not isinstance(value, list) or not value or depth >= MAX_DEPTH:
+        return None
+    shapes = {layout_shape(v, depth + 1) for v in value}
+    if len(shapes) != 1 or None in shapes:
+        return None
+    inner = shapes.pop()
+    if inner == () and not all(is_int(v) for v in value):
+        return None
+    return (len(value),) + inner
+
+
+def flatten_layout(value: Any) -> list[int]:
+    if is_int(value):
+        return [value]
+    return [r for v in value for r in flatten_layout(v)]
+
+
+class Context:
+    """What a field check may know: the world, the handles defined so far, whether the step means to fail."""
+
+    def __init__(self, world: int | None, handles: dict[str, str], expect_error: bool):
+        self.world, self.handles, self.expect_error = world, handles, expect_error
+
+    def rank(self, what: str, rank: Any) -> None:
+        if not is_int(rank):
+            raise PlanError(f"{what} must be a rank number, got {rank!r}")
+        if rank < 0 or (self.world is not None and rank >= self.world):
+            limit = f"0..{self.world - 1}" if self.world is not None else ">= 0"
+            raise PlanError(f"{what}: rank {rank} is not in the world ({limit})")
+
+    def ranks(self, what: str, ranks: Any) -> None:
+        if not isinstance(ranks, (list, tuple)):
+            raise PlanError(f"{what} must be a list of ranks, got {ranks!r}")
+        for rank in ranks:
+            self.rank(what, rank)
+
+    def ref(self, where: str, ref: Any, allowed: tuple[str, ...]) -> None:
+        import re
+
+        if not isinstance(ref, str):
+            raise PlanError(f"{where} must be a handle name, got {ref!r}")
+        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\.(\d{1,6}))?", ref)
+        if not match or match.group(1) not in self.handles:
+            known = ", ".join(sorted(self.handles)) or "none yet"
+            raise PlanError(f"unknown handle {ref!r} (defined so far: {known})")
+        produced = self.handles[match.group(1)]
+        indexed = match.group(2) is not None
+        if indexed and produced != PRODUCES_MESH_LIST:
+            raise PlanError(f"{ref!r}: only all_submeshes results can be indexed")
+        if produced == PRODUCES_MESH_LIST and not indexed:
+            raise PlanError(f"{ref!r} is a list of meshes: name one as {ref}.0, {ref}.1, ...")
+        if produced not in allowed:
+            raise PlanError(f"{ref!r} is a {produced or 'value'}, not a {' or '.join(allowed)}")
+
+
+def _shape(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not value or not all(is_int(v) and 1 <= v <= MAX_INT for v in value) \
+            or len(value) > MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be a non-empty list of at most {MAX_DEPTH} positive integers, "
+                        f"got {value!r}")
+    numel = math.prod(value)
+    if name == "shape" and ctx.world is not None and numel > ctx.world and not ctx.expect_error:
+        raise PlanError(f"shape {value} needs {numel} ranks but the world has {ctx.world}"
+                        " (set expect_error = true if that is the point)")
+    if numel > MAX_MESH_NUMEL:
+        raise PlanError(f"field {name!r}: {value} has {numel} cells; meshsim takes at most {MAX_MESH_NUMEL}")
+
+
+def _names(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be a list of at most {MAX_DEPTH} strings, got {value!r}")
+
+
+def _name_or_names(name: str, value: Any, ctx: Context) -> None:
+    if not (isinstance(value, str) or (isinstance(value, list) and value and len(value) <= MAX_DEPTH
+                                       and all(isinstance(v, str) for v in value))):
+        raise PlanError(f"field {name!r} must be a name or a non-empty list of names, got {value!r}")
+
+
+def _text(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, str):
+        raise PlanError(f"field {name!r} must be a string, got {value!r}")
+
+
+def _dim(name: str, value: Any, ctx: Context) -> None:
+    if not (isinstance(value, str) or (is_int(value) and abs(value) <= MAX_INT)):
+        raise PlanError(f"field {name!r} must be a dim index or a dim name, got {value!r}")
+
+
+def _dims(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be a non-empty list of dim indices or names, got {value!r}")
+    for item in value:
+        _dim(name, item, ctx)
+
+
+def _layout(name: str, value: Any, ctx: Context) -> None:
+    shape = layout_shape(value)
+    if not shape:
+        raise PlanError(f"field {name!r} must be a rectangular nested list of integers at most {MAX_DEPTH} deep, "
+                        f"got {str(value)[:80]}")
+    if math.prod(shape) > MAX_MESH_NUMEL:
+        raise PlanError(f"field {name!r} has {math.prod(shape)} cells; meshsim takes at most {MAX_MESH_NUMEL}")
+    for rank in flatten_layout(value):
+        if rank < 0 or (ctx.world is not None and rank >= ctx.world and not ctx.expect_error) or rank > MAX_INT:
+            raise PlanError(f"layout names rank {rank}, which is not in the world (0..{(ctx.world or 1) - 1})")
+
+
+def _mesh(name: str, value: Any, ctx: Context) -> None:
+    ctx.ref(f"field {name!r}", value, (PRODUCES_MESH, PRODUCES_MESH_LIST))
+
+
+def _meshes(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be a non-empty list of mesh handles, got {value!r}")
+    for ref in value:
+        _mesh(name, ref, ctx)
+
+
+def _group(name: str, value: Any, ctx: Context) -> None:
+    ctx.ref(f"field {name!r}", value, (PRODUCES_GROUP,))
+
+
+def _ranks(name: str, value: Any, ctx: Context) -> None:
+    ctx.ranks(f"field {name!r}", value)
+    if not value:
+        raise PlanError(f"field {name!r} must name at least one rank")
+
+
+def _seconds(name: str, value: Any, ctx: Context) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_S:
+        raise PlanError(f"field {name!r} must be a number of seconds from 0 to {MAX_S:g}, got {value!r}")
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str, Any, Context], None]:
+    def check(name: str, value: Any, ctx: Context) -> None:
+        if not is_int(value) or not low <= value <= high:
+            raise PlanError(f"field {name!r} must be an integer from {low} to {high}, got {value!r}")
+
+    return check
+
+
+def _bool(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, bool):
+        raise PlanError(f"field {name!r} must be true or false, got {value!r}")
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any, Context], None]:
+    def check(name: str, value: Any, ctx: Context) -> None:
+        if value not in choices:
+            raise PlanError(f"field {name!r} must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
+class Kind:
+    """A kind of field: what it means (for the plan-language reference) and its check."""
+
+    def __init__(self, meaning: str, check: Callable[[str, Any, Context], None]):
+        self.meaning, self.check = meaning, check
+
+
+SHAPE = Kind("list of positive integers", _shape)
+NAMES = Kind("list of dim names", _names)
+NAME_OR_NAMES = Kind("a dim name or a list of them", _name_or_names)
+NAME = Kind("a name", _text)
+TEXT = Kind("text", _text)
+DIM = Kind("a dim index (negative counts from the end) or a dim name", _dim)
+DIMS = Kind("list of dim indices or names", _dims)
+LAYOUT = Kind("nested list of ranks (rectangular)", _layout)
+MESH = Kind("a mesh handle (out of an earlier step; `h.0` for an all_submeshes list)", _mesh)
+MESHES = Kind("list of mesh handles", _meshes)
+GROUP = Kind("a process-group handle (out of new_group)", _group)
+RANKS = Kind("list of world ranks", _ranks)
+SECONDS = Kind(f"seconds, 0 to {MAX_S:g}", _seconds)
+NUMEL = Kind(f"tensor length, 1 to {MAX_NUMEL}", _bounded_int(1, MAX_NUMEL))
+GROUP_RANK = Kind(f"a rank within the group, 0 to {MAX_INT}", _bounded_int(0, MAX_INT))
+EXIT_CODE = Kind("exit code, 0 to 255", _bounded_int(0, 255))
+BOOL = Kind("true or false", _bool)
+QUERY = Kind("one of " + ", ".join(QUERIES), _one_of(QUERIES))
+DEVICE = Kind("cpu or cuda (the mesh's device type; default: the backend's)", _one_of(DEVICES))

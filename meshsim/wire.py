@@ -1,0 +1,119 @@
+"""The words ranks and the controller exchange, named once: typed messages and the observation vocabulary.
+
+Both sides import this module and nothing of each other: the ranks (meshsim.run) never import the model, and
+the model never imports torch. A message is a NamedTuple; `dispatch` sends it to the handler of its type and
+refuses any type it does not know, so a message nobody reads cannot pass silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+# ------------------------------------------------------------------------------------------ observations
+
+SKIPPED = {"skipped": True}  # the step does not run on this rank (or the rank left the plan before it)
+INJECTED = "MeshsimInjectedError"  # type name of the exception a `raise` step throws
+
+# How a rank's part of a run ended.
+FINISHED, RAISED, DIED, STUCK = "finished", "raised", "died", "stuck"
+
+
+def error_value(exc: BaseException) -> dict:
+    """An exception as an observation: {"error": [type name, message]}."""
+    message = str(exc.args[0]) if len(exc.args) == 1 else " ".join(str(a) for a in exc.args)
+    return {"error": [type(exc).__name__, message]}
+
+
+def is_error(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"error"}
+
+
+# ------------------------------------------------------------------------------------------ controller -> rank
+
+class RunPlan(NamedTuple):
+    plan: Any  # meshsim.spec.Plan
+    deadline: float
+
+
+class RunFunction(NamedTuple):
+    payload: bytes  # (fn, args, kwargs) pickled with dill
+    deadline: float
+
+
+class Teardown(NamedTuple):
+    next_group_count: int  # torch's group counter continues from here on every rank
+
+
+class Stop(NamedTuple):
+    pass
+
+
+# ------------------------------------------------------------------------------------------ rank -> controller
+
+class Ready(NamedTuple):
+    pid: int
+
+
+class JoinFailed(NamedTuple):
+    reason: str
+
+
+class StepBegun(NamedTuple):
+    index: int  # -1: tearing down the previous plan
+    op: str
+    out: str | None
+    time: float
+
+
+class CallBegun(NamedTuple):
+    """About to block in `kind` on the group `ranks` (torch's group name `group`), its `seq`-th call there."""
+
+    kind: str  # a collective's name, or "new_group"
+    ranks: tuple[int, ...]
+    group: str
+    seq: int
+    context: tuple | None  # (mesh handle or label, dim[, group coordinate]) when known
+
+
+class CallReturned(NamedTuple):
+    pass
+
+
+class FunctionBegun(NamedTuple):
+    name: str
+
+
+class MeshBuilt(NamedTuple):
+    """DeviceMesh is about to create the groups of a mesh of this shape over these ranks (row-major)."""
+
+    shape: tuple[int, ...]
+    names: tuple[str, ...] | None
+    ranks: tuple[int, ...]
+
+
+class PlanDone(NamedTuple):
+    observations: list
+    end: str  # FINISHED | RAISED
+    end_step: int | None
+    group_count: int
+
+
+class FunctionDone(NamedTuple):
+    ok: bool
+    value: bytes  # the return value, or (exception, traceback text), pickled with dill
+    group_count: int
+
+
+PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt)
+MESSAGES = (RunPlan, RunFunction, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone)
+
+
+class WireError(RuntimeError):
+    """A message of a kind this side does not know."""
+
+
+def dispatch(message: Any, handlers: dict[type, Callable[[Any], Any]]) -> Any:
+    handler = handlers.get(type(message))
+    if handler is None:
+        raise WireError(f"unknown message {type(message).__name__}: {message!r:.200}")
+    return handler(message)

@@ -1,1 +1,0 @@
-"""The worker side: the only code in meshsim that calls torch.distributed."""

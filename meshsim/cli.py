@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -94,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_options(ni)
     ni.add_argument("--examples", type=int, default=300, help="fuzz budget in plans (default 300)")
     ni.add_argument("--seed", type=int, default=None, help="fuzz seed (default: today's date, e.g. 20261122)")
-    ni.add_argument("--scenarios", default="scenarios", metavar="DIR",
-                    help="scenarios to include (those expecting pass on this world; default ./scenarios)")
+    ni.add_argument("--scenarios", default=None, metavar="DIR",
+                    help="scenarios to include, those expecting pass on this world (default ./scenarios when it "
+                         "exists; a directory named here must exist and hold scenarios)")
     ni.add_argument("--json-out", metavar="FILE", help="write the report as JSON")
     ni.add_argument("--junit", metavar="FILE", help="write the report as JUnit XML")
     ni.add_argument("--save", metavar="DIR", default="meshsim-failures", help="where a fuzz counterexample goes")
@@ -111,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
                     help=f"seconds each example may take (default {EXAMPLE_S:g})")
+
+    op = sub.add_parser("ops", help="the plan language: every operation and its fields (generated from meshsim.ops)")
+    op.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
 
     ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
     ex.add_argument("file", metavar="FILE")
@@ -140,6 +145,29 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def writable_file(path: str | None, option: str) -> None:
+    """An output file must be writable before any work is done, or the work's result is lost at the end."""
+    if path is None:
+        return
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise UsageError(f"{option} {path}: is a directory")
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+def writable_dir(path: str | None, option: str) -> None:
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path}: not a directory")
+    writable_file(os.path.join(path, "probe"), option)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from rich.progress import (
         BarColumn,
@@ -155,6 +183,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
+    writable_dir(args.save, "--save")
     out = make_console()
     err = make_console(stderr=True)
     columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
@@ -279,7 +308,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from .nightly import default_seed, render, run_local, run_torchrun, write_outputs
+    from .nightly import check_scenarios_dir, default_seed, render, run_local, run_torchrun, write_outputs
     from .run.torchrun import under_torchrun
     from .spec.topology import Topology
 
@@ -287,6 +316,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         args.seed = default_seed()
     if args.examples < 0:
         raise UsageError("--examples must be 0 or more")
+    if args.scenarios is not None:
+        try:
+            check_scenarios_dir(args.scenarios)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        args.scenarios = "scenarios"
+    writable_file(args.json_out, "--json-out")
+    writable_file(args.junit, "--junit")
+    writable_dir(args.save, "--save")
+    if args.torchrun and not under_torchrun():
+        raise UsageError("--torchrun: this process was not started by torchrun (RANK, WORLD_SIZE, ... are not set)")
     if args.torchrun or under_torchrun():
         return run_torchrun(args)
     report = run_local(Topology(args.hosts, args.devices_per_host), args.backend, args.scenarios, args.examples,
@@ -311,14 +352,32 @@ def cmd_examples(args: argparse.Namespace) -> int:
     else:
         table = Table(title="The DeviceMesh recipe on a simulated 2 hosts x 4 devices cluster (gloo, CPU)")
         for col in ("example", "result", "s", "what was checked"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col)
         for r in results:
             table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", f"{r.seconds:.1f}", r.detail)
         make_console().print(table)
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
 
 
-COMMANDS = {"fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
+def cmd_ops(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .ops import OPERATIONS, ROLES, reference_markdown
+
+    if args.markdown:
+        print(reference_markdown())
+        return EXIT_OK
+    table = Table(title="The plan language (meshsim.ops): one [[step]] per operation")
+    for col in ("op", "kind", "what it does", "fields (* required)"):
+        table.add_column(col)
+    for op in sorted(OPERATIONS.values(), key=lambda o: (ROLES.index(o.role), o.name)):
+        fields = ", ".join(f"{n}{'*' if n in op.required else ''}" for n in op.fields) or "-"
+        table.add_row(op.name, op.role, " ".join(op.doc.split()), fields + ("; out*" if op.produces else ""))
+    make_console().print(table)
+    return EXIT_OK
+
+
+COMMANDS = {"ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
             "explain": cmd_explain}
 
 if __name__ == "__main__":

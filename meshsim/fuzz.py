@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from . import deadlines
 from .check import check, prediction_for
 from .model import torch_side
-from .outcome import HANG, UNDEFINED
+from .outcome import HANG, PASS, UNDEFINED
 from .run.generation import ClusterError
 from .scenario import Expect, Scenario
 from .spec.topology import Topology
@@ -123,8 +123,8 @@ def save_counterexample(result: Any, topology: Topology, deadline: float, seed: 
     """Write the failing plan as a scenario that `meshsim run` replays (it fails while the bug is there)."""
     digest = hashlib.sha1(result.plan.to_json().encode()).hexdigest()[:8]
     expected = result.expected if isinstance(result.expected, str) else result.expected.right
-    if expected == "undefined":
-        expected = "pass"
+    if expected == UNDEFINED:
+        expected = PASS
     scenario = Scenario(
         name=f"fuzz-{digest}",
         topology=topology,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .scenario import Scenario, load
+from .outcome import HANG, PASS
 
 
 @dataclass
@@ -28,10 +29,16 @@ class Item:
     seconds: float
     detail: str = ""
     data: dict = field(default_factory=dict)
+    skipped: str | None = None  # why this part of the suite did not run
 
     def to_json(self) -> dict:
         return {"suite": self.suite, "name": self.name, "passed": self.passed, "seconds": round(self.seconds, 3),
-                "detail": self.detail, **self.data}
+                "detail": self.detail, "skipped": self.skipped, **self.data}
+
+
+def skipped(suite: str, reason: str) -> Item:
+    """A part of the suite that did not run: a line in the report and a JUnit <skipped>, never silence."""
+    return Item(suite, f"{suite} (skipped)", True, 0.0, reason, skipped=reason)
 
 
 @dataclass
@@ -66,7 +73,9 @@ class NightlyReport:
             for item in items:
                 case = ET.SubElement(suite, "testcase", classname=f"meshsim.{suite_name}", name=item.name,
                                      time=f"{item.seconds:.3f}")
-                if not item.passed:
+                if item.skipped is not None:
+                    ET.SubElement(case, "skipped", message=item.skipped)
+                elif not item.passed:
                     failure = ET.SubElement(case, "failure", message=item.detail.splitlines()[0][:500] if item.detail
                                             else "failed")
                     failure.text = item.detail
@@ -86,7 +95,7 @@ def passing_scenarios(directory: str | Path, world: int | None = None) -> list[S
     found = []
     for path in sorted(glob.glob(os.path.join(str(directory), "*.toml"))):
         scenario = load(path)
-        if scenario.expect.outcome == "pass" and (world is None or scenario.topology.world == world):
+        if scenario.expect.outcome == PASS and (world is None or scenario.topology.world == world):
             found.append(scenario)
     return found
 
@@ -117,20 +126,50 @@ def fuzz_item(report: Any, seed: int) -> Item:
     return Item("fuzz", name, False, report.elapsed, detail, report.to_json())
 
 
+def suite_scenarios(scenarios_dir: str | None, world: int) -> tuple[list[Scenario], Item | None]:
+    """The passing scenarios for this world, or why there are none (a skipped item)."""
+    if not scenarios_dir:
+        return [], skipped("scenario", "no scenario directory given")
+    if not os.path.isdir(scenarios_dir):
+        return [], skipped("scenario", f"no scenario directory {scenarios_dir}")
+    found = passing_scenarios(scenarios_dir, world)
+    if not found:
+        return [], skipped("scenario", f"no scenario in {scenarios_dir} expects to pass on {world} ranks")
+    return found, None
+
+
+def check_scenarios_dir(path: str) -> None:
+    """A scenario directory named explicitly must exist and hold scenarios (exit 2 otherwise)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"--scenarios {path}: no such directory")
+    if not glob.glob(os.path.join(path, "*.toml")):
+        raise ValueError(f"--scenarios {path}: holds no *.toml scenario")
+    for scenario_path in sorted(glob.glob(os.path.join(path, "*.toml"))):
+        load(scenario_path)  # every file valid before anything starts
+
+
 def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: int, seed: int, deadline: float,
               save_dir: str, with_examples: bool = True, setup: Any = None) -> NightlyReport:
-    from .run import Cluster
     from .fuzz import fuzz
+    from .run import Cluster
 
+    scenarios, missing = suite_scenarios(scenarios_dir, topology.world)
     with Cluster(topology, backend=backend, deadline=deadline, setup=setup) as cluster:
         report = NightlyReport(str(topology), cluster.backend, seed)
-        if scenarios_dir and os.path.isdir(scenarios_dir):
-            for scenario in passing_scenarios(scenarios_dir, topology.world):
-                report.items.append(scenario_item(scenario, cluster.run(scenario.plan, deadline=scenario.deadline)))
+        report.items.extend([missing] if missing else [])
+        for scenario in scenarios:
+            report.items.append(scenario_item(scenario, cluster.run(scenario.plan, deadline=scenario.deadline)))
         if examples:
             result = fuzz(cluster, examples, seed=seed, deadline=deadline, save_dir=save_dir)
             report.items.append(fuzz_item(result, seed))
-        if with_examples and cluster.backend == "gloo" and topology.hosts * topology.devices_per_host == 8:
+        else:
+            report.items.append(skipped("fuzz", "--examples 0"))
+        if not with_examples:
+            report.items.append(skipped("example", "--no-examples"))
+        elif cluster.backend != "gloo" or topology.world != 8:
+            report.items.append(skipped("example", "the recipe's examples are written for a 2x4 gloo cluster; "
+                                                   f"this one is {topology} {cluster.backend}"))
+        else:
             from .examples import run_examples
 
             for ex in run_examples(cluster):
@@ -148,21 +187,25 @@ def write_outputs(report: NightlyReport, json_path: str | None, junit_path: str 
 
 
 def render(report: NightlyReport, console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"meshsim nightly — {report.topology} {report.backend} ({report.mode}), seed {report.seed}")
     for col in ("suite", "case", "result", "s", "detail"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col)
     for item in report.items:
         first = item.detail.splitlines()[0] if item.detail else ""
-        table.add_row(item.suite, item.name, "[green]pass[/]" if item.passed else "[red]FAIL[/]",
-                      f"{item.seconds:.2f}", first[:160])
+        mark = "[yellow]skipped[/]" if item.skipped is not None else "[green]pass[/]" if item.passed else "[red]FAIL[/]"
+        table.add_row(escape(item.suite), escape(item.name), mark, f"{item.seconds:.2f}", escape(first[:160]))
     console.print(table)
     failures = [i for i in report.items if not i.passed]
     for item in failures:
-        console.print(f"[bold red]{item.suite} {item.name}[/]\n{item.detail}", markup=True, highlight=False)
+        console.print(f"{item.suite} {item.name}", style="bold red", markup=False, highlight=False)
+        console.print(item.detail, markup=False, highlight=False)
     verdict = "[bold green]all passed[/]" if not failures else f"[bold red]{len(failures)} failed[/]"
-    console.print(f"{len(report.items)} cases, {verdict}")
+    skips = [i for i in report.items if i.skipped is not None]
+    ran = len(report.items) - len(skips)
+    console.print(f"{ran} cases, {verdict}" + (f"; {len(skips)} parts skipped" if skips else ""))
 
 
 
@@ -221,6 +264,12 @@ def run_torchrun(args: Any) -> int:
             report.items.append(_result_item(suite, name, result))
     code = 0
     if executor.rank == 0:
+        missing = suite_scenarios(args.scenarios, executor.world)[1]
+        report.items.extend([missing] if missing else [])
+        if not args.examples:
+            report.items.append(skipped("fuzz", "--examples 0"))
+        report.items.append(skipped("example", "the recipe's examples are user functions run by a local cluster; "
+                                               "under torchrun meshsim runs plans (run them with `meshsim examples`)"))
         render(report, make_console())
         write_outputs(report, args.json_out, args.junit)
         code = 0 if report.passed else 1
@@ -229,9 +278,8 @@ def run_torchrun(args: Any) -> int:
 
 def _suite(args: Any, world: int) -> list[tuple[str, str, Any, float]]:
     cases = []
-    if args.scenarios and os.path.isdir(args.scenarios):
-        for sc in passing_scenarios(args.scenarios, world):
-            cases.append(("scenario", sc.name, sc.plan, sc.deadline))
+    for sc in suite_scenarios(args.scenarios, world)[0]:
+        cases.append(("scenario", sc.name, sc.plan, sc.deadline))
     for index, plan in enumerate(draw_plans(world, args.examples, args.seed)):
         cases.append(("fuzz", f"fuzz seed {args.seed} #{index}", plan, args.deadline))
     return cases
@@ -259,7 +307,7 @@ def hang_report(executor: Any, args: Any, report: Any, name: str, work: Any, rec
     report = report or NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
     suite, _, case = name.partition(" ")
     report.items.append(Item(suite, case, False, work.deadline, f"hang: {diagnosis.summary}",
-                             {"outcome": "hang", "diagnosis": diagnosis.to_json()}))
+                             {"outcome": HANG, "diagnosis": diagnosis.to_json()}))
     if executor.rank == 0:
         render(report, console)
     write_outputs(report, args.json_out, args.junit)

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import pytest
 
+from .deadlines import FUNCTION_S, PLAN_S
+
 MAX_ALIVE = 2  # clusters kept at once per test process (each rank holds ~200 MB)
 
 
@@ -22,12 +24,13 @@ def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("meshsim", "simulated DeviceMesh clusters")
     group.addoption("--meshsim-topology", default="2x4", help="HxD of the session cluster (default 2x4)")
     group.addoption("--meshsim-backend", default="gloo", help="gloo | nccl | auto (default gloo)")
-    group.addoption("--meshsim-deadline", type=float, default=30.0, help="seconds a plan may take (default 30)")
+    group.addoption("--meshsim-deadline", type=float, default=PLAN_S,
+                    help=f"seconds a plan may take (default {PLAN_S:g}; a function run_fn runs: {FUNCTION_S:g})")
 
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
-        "markers", "meshsim(topology='2x4', backend='gloo', deadline=30): the cluster the `meshsim` fixture uses")
+        "markers", "meshsim(topology='2x4', backend='gloo', deadline=None): the cluster the `meshsim` fixture uses")
 
 
 class ClusterPool:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from . import findings as F
 from .model import to_json
+from .outcome import CRASH, ERROR, HANG, MISMATCH, PASS
 
 MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
@@ -21,7 +22,7 @@ def make_console(stderr: bool = False) -> Console:
     if not console.is_terminal:
         console = Console(stderr=stderr, width=LOG_WIDTH)
     return console
-OUTCOME_STYLE = {"pass": "green", "mismatch": "red", "error": "red", "hang": "yellow", "crash": "red"}
+OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}
 
 
 def short(value: Any, limit: int = 70) -> str:
@@ -58,6 +59,18 @@ def render_result(result: Any, console: Console, title: str = "", show_plan: boo
         render_findings(result.findings, console)
     if result.diagnosis is not None:
         render_diagnosis(result.diagnosis, console)
+    if not result.passed:
+        render_output(result.record.states, console)
+
+
+def render_output(states: list, console: Console) -> None:
+    """What the ranks printed, each line prefixed with its rank (shown with every failure)."""
+    from .functions import rank_output
+
+    text = rank_output(states)
+    if text.strip():
+        console.print("Rank output:", style="bold")
+        console.print(text.rstrip(), markup=False, highlight=False, style="dim")
 
 
 def render_differences(differences: list, console: Console) -> None:

@@ -11,7 +11,7 @@ import tomllib
 
 from . import deadlines
 from .judge.diagnose import KINDS
-from .outcome import OUTCOMES
+from .outcome import OUTCOMES, PASS
 from .spec.plan import Plan, PlanError, validate
 from .spec.topology import Topology, TopologyError
 
@@ -27,7 +27,7 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Expect:
-    outcome: str = "pass"
+    outcome: str = PASS
     culprit_ranks: tuple[int, ...] | None = None
     kind: str | None = None
     mesh_dim: str | int | None = None
@@ -118,7 +118,7 @@ def _expect(raw: Any, world: int) -> Expect:
     unknown = set(raw) - set(EXPECT_KEYS)
     if unknown:
         raise ScenarioError(f"[expect] has unknown key {sorted(unknown)[0]!r}; known: {', '.join(EXPECT_KEYS)}")
-    outcome = raw.get("outcome", "pass")
+    outcome = raw.get("outcome", PASS)
     if outcome not in OUTCOMES:
         raise ScenarioError(f"[expect] outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
     culprits = raw.get("culprit_ranks")
@@ -166,7 +166,7 @@ def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
     expect, problems = scenario.expect, []
     if result.outcome != expect.outcome:
         problems.append(f"outcome {result.outcome}, expected {expect.outcome}")
-    if expect.outcome == "pass" and result.outcome == "pass" and not result.passed:
+    if expect.outcome == PASS and result.outcome == PASS and not result.passed:
         problems.append("ranks observed something other than the model predicts")
     diagnosis = result.diagnosis
     if expect.culprit_ranks is not None and result.outcome == expect.outcome:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..model import predict, torch_side
+from ..deadlines import EXAMPLE_S
+from ..outcome import PASS
 from ..spec.plan import Plan, step
 
 TOPOLOGY = (2, 4)
@@ -346,13 +348,13 @@ EXAMPLES: dict[str, tuple[Callable, tuple, Callable]] = {
 }
 
 
-def run_examples(cluster: Any, names: list[str] | None = None, deadline: float = 120.0) -> list[ExampleResult]:
+def run_examples(cluster: Any, names: list[str] | None = None, deadline: float = EXAMPLE_S) -> list[ExampleResult]:
     results = []
     for name in names or list(EXAMPLES):
         fn, args, check = EXAMPLES[name]
         started = time.monotonic()
         run = cluster.run_fn(fn, *args, deadline=deadline)
-        if run.outcome != "pass":
+        if run.outcome != PASS:
             results.append(ExampleResult(name, False, run.summary(), time.monotonic() - started))
             continue
         passed, detail, facts = check(run.values, cluster.world)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..model import torch_side
 from ..outcome import blame, divergent_ranks
-from ..wire import STUCK
+from ..wire import DIED, STUCK
 
 KINDS = {
     "dead": "dead rank",
@@ -276,7 +276,7 @@ def _first_divergence(states: list, wait: Wait, divergent: set[int]) -> set[int]
 
 def _last_words(state: Any) -> str:
     """For a rank that died, the last line it printed (a C++ abort says why)."""
-    if state.end != "died" or not state.output.strip():
+    if state.end != DIED or not state.output.strip():
         return ""
     lines = [line.strip() for line in state.output.strip().splitlines() if line.strip()]
     return f"; it printed: {lines[-1][:300]}"

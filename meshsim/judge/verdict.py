@@ -80,6 +80,15 @@ class Result:
             return False
         return self.outcome_as_expected and not self.differences
 
+    def raise_for_outcome(self) -> "Result":
+        """Raise meshsim.testing.Disagreement (an AssertionError whose message is the whole report: differences,
+        findings, the hang diagnosis with stacks, and every rank's output) unless the run passed."""
+        if not self.passed:
+            from ..testing import Disagreement
+
+            raise Disagreement(self)
+        return self
+
     @property
     def culprits(self) -> list[int]:
         return list(self.diagnosis.culprits) if self.diagnosis is not None else []

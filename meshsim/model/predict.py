@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..outcome import PASS, UNDEFINED, blame, divergent_ranks, outcome_of
+from ..outcome import ERROR, PASS, UNDEFINED, blame, divergent_ranks, outcome_of
 from ..spec.plan import Plan, Step
 from ..wire import DIED, FINISHED, SKIPPED
 from .expect import Err, ModelRaise, Quirk
@@ -73,7 +73,7 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
         prediction.findings.add("gloo-size-mismatch-silent")
         prediction.undefined_from = min(call.step for call, _ in mismatched)
         prediction.undefined_finding = "gloo-size-mismatch-silent"
-        prediction.outcome = Quirk("error", UNDEFINED, "gloo-size-mismatch-silent")
+        prediction.outcome = Quirk(ERROR, UNDEFINED, "gloo-size-mismatch-silent")
         return prediction
     derailed = [f for f in _STATEFUL_FINDINGS if f in findings]
     if derailed:
@@ -81,7 +81,7 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
         # pass; where torch ends up is a race.
         prediction.undefined_from = _first_step_of(preds, derailed[0])
         prediction.undefined_finding = derailed[0]
-        prediction.outcome = Quirk("pass", UNDEFINED, derailed[0])
+        prediction.outcome = Quirk(PASS, UNDEFINED, derailed[0])
         return prediction
     collision = name_collision(preds)
     if collision is not None and any(st.diverges for st in plan.steps[:collision + 1]):

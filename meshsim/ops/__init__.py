@@ -66,3 +66,22 @@ def of_role(*roles: str) -> list[Operation]:
 
 
 from . import collectives, faults, meshes, queries  # noqa: E402,F401  -- each registers its operations
+
+
+def reference_markdown() -> str:
+    """The plan language's reference, generated from the definitions (the README embeds it; a test keeps it equal)."""
+    from ..spec.plan import STEP_KEYS
+
+    lines = ["| op | what it does | fields (required in bold) |", "| --- | --- | --- |"]
+    for op in sorted(OPERATIONS.values(), key=lambda o: (ROLES.index(o.role), o.name)):
+        fields = ", ".join((f"**{n}**" if n in op.required else n) + f" ({kind.meaning})"
+                           for n, kind in op.fields.items()) or "none"
+        if op.produces:
+            fields += f"; **out**: the handle of the {op.produces.replace('_', ' ')} it makes"
+        doc = " ".join(op.doc.split()).replace("|", "\\|")
+        lines.append(f"| `{op.name}` | {doc} | {fields} |")
+    lines.append("")
+    lines.append("Every step also takes: " + ", ".join(f"`{k}`" for k in STEP_KEYS if k not in ("op", "out"))
+                 + " (`only_on`/`skip_on`: lists of ranks; `on_rank`: a table of rank → field overrides; "
+                 "`expect_error`: the author means the step to raise).")
+    return "\n".join(lines)

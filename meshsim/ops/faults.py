@@ -6,7 +6,6 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..model.expect import Err
 from ..spec import fields as F
 from ..spec.plan import step
 from ..wire import DIED, INJECTED, RAISED
@@ -49,6 +48,8 @@ class Raise:
     """raise an exception: this rank's plan ends (outcome error)"""
 
     def model(run: Any, a: dict) -> Any:
+        from ..model.expect import Err
+
         run.end(RAISED)
         return Err(INJECTED, a.get("message", ""))
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..model.expect import Err, ModelRaise
 from ..spec import fields as F
 from ..spec.fields import PlanError, flatten_layout, layout_shape
 from ..spec.plan import restrict_view, step
@@ -241,6 +240,8 @@ class FromGroup:
             raise PlanError("'dims' goes with 'src', not with 'group'")
 
     def model(run: Any, a: dict) -> Any:
+        from ..model.expect import Err, ModelRaise
+
         model = run.model
         layout = a.get("layout")
         flat = flatten_layout(layout) if layout is not None else None

@@ -14,6 +14,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from .. import deadlines
+from ..outcome import PASS
 from ..spec.topology import Topology
 from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, Teardown
 from .generation import PRELOAD, ClusterError, Generation, SetupError
@@ -128,7 +129,7 @@ class Cluster:
         target = self.setup if callable(self.setup) else _call_by_name
         args = () if callable(self.setup) else (self.setup,)
         run = run_function(self, target, args, {}, self.start_timeout)
-        if run.outcome != "pass":
+        if run.outcome != PASS:
             self.restart()
             name = getattr(self.setup, "__name__", self.setup)
             self.broken = SetupError(f"setup {name} did not pass on the ranks ({run.outcome}): "

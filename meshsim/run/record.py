@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wire import DIED, RAISED, STUCK, CallBegun, CallReturned, FunctionBegun, MeshBuilt, StepBegun, dispatch
+from ..wire import DIED, FINISHED, RAISED, STUCK, CallBegun, CallReturned, FunctionBegun, MeshBuilt, StepBegun, dispatch
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RankState:
         if self.end == RAISED:
             return f"raised in step {self.end_step} and left the plan"
         if self.done:
-            return "finished"
+            return FINISHED
         at = "in the user function" if self.op == "function" else f"step {self.step}"
         if self.call is not None:
             return f"in {self.call.kind} on group {list(self.call.ranks)} ({at})"

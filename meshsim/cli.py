@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S
+from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
 from .report import make_console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -60,6 +60,8 @@ def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, wh
                         help=f"seconds each plan may take before it is called a hang ({default})")
     parser.add_argument("--setup", metavar="MODULE:FUNCTION",
                         help="a function every rank runs after it joins (e.g. to install a patched DeviceMesh)")
+    parser.add_argument("--start-timeout", type=_deadline, default=START_S,
+                        help=f"seconds the ranks and the setup function may take to be ready (default {START_S:g})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,25 +126,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _terminate)
+    if argv is None:  # the real command line (not a test calling main): signals end the run at once
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .deadlines import DeadlineError
     from .run import ClusterError
-    from .spec.plan import PlanError
     from .scenario import ScenarioError
+    from .spec.plan import PlanError
     from .spec.topology import TopologyError
 
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError) as exc:
-        print(f"meshsim: error: {exc}", file=sys.stderr)  # one line, never wrapped
+    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError, DeadlineError) as exc:
+        print(f"meshsim: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGINT
 
 
 def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+    """SIGTERM (143) or Ctrl-C (130): one line, every cluster closed, and out, past whatever was running
+    (Hypothesis would otherwise catch the exit and replay the plan)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name = "interrupted" if signum == signal.SIGINT else "terminated"
+    print(f"\nmeshsim: {name}; every rank was stopped", file=sys.stderr, flush=True)
+    from .run.process import close_all
+
+    close_all(kill=True)
+    os._exit(128 + signum)
 
 
 def writable_file(path: str | None, option: str) -> None:
@@ -156,6 +170,8 @@ def writable_file(path: str | None, option: str) -> None:
     probe = parent
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{option} {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
         raise UsageError(f"{option} {path}: not writable")
 
@@ -188,7 +204,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     err = make_console(stderr=True)
     columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
-    with Cluster(topology, backend=args.backend, deadline=args.deadline, setup=args.setup) as cluster, \
+    with Cluster(topology, backend=args.backend, deadline=args.deadline, setup=args.setup,
+                 start_timeout=args.start_timeout) as cluster, \
             Progress(*columns, console=err, transient=True, disable=args.json) as progress:
         task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
         started = time.monotonic()
@@ -235,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = clusters.get(sc.topology)
             if cluster is None:
                 cluster = clusters[sc.topology] = Cluster(sc.topology, backend=args.backend, deadline=sc.deadline,
-                                                          setup=args.setup).start()
+                                                          setup=args.setup, start_timeout=args.start_timeout).start()
             result = cluster.run(sc.plan, deadline=sc.deadline)
             if last_use[sc.topology] == index:  # no file left needs these workers
                 clusters.pop(sc.topology).close()
@@ -285,25 +302,32 @@ def cmd_findings(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .model import predict, to_json
+    from .check import prediction_for
+    from .model import to_json
     from .scenario import load
 
     sc = load(args.file)
-    prediction = predict(sc.plan, sc.topology.world, sc.deadline)
+    prediction = prediction_for(sc.plan, sc.topology.world, sc.deadline)
     out = make_console()
-    out.print(f"[bold]{sc.name}[/]: model predicts [bold]{to_json(prediction.outcome)}[/] "
+    if prediction.model_error is not None:
+        out.print(f"{sc.name}: {prediction.model_error}", markup=False, highlight=False)
+        return EXIT_FAIL
+    out.print(f"[bold]{escape(sc.name)}[/]: model predicts [bold]{escape(str(to_json(prediction.outcome)))}[/] "
               f"(culprit ranks {prediction.culprits or 'none'}; findings {sorted(prediction.findings) or 'none'})")
     for line in sc.plan.describe():
         out.print(f"  {line}", markup=False, highlight=False)
-    for rank in args.rank or range(sc.topology.world):
-        if not 0 <= rank < sc.topology.world:
-            raise UsageError(f"rank {rank} is not in the world of {sc.topology.world}")
-        out.print(f"[bold]rank {rank}[/] ({prediction.ranks[rank].end})")
-        for index, obs in enumerate(prediction.ranks[rank].observations):
+    ranks = args.rank or range(sc.topology.world)
+    bad = [r for r in ranks if not 0 <= r < sc.topology.world]
+    if bad:
+        raise UsageError(f"rank {bad[0]} is not in the world of {sc.topology.world}")
+    stuck = {s.rank: s for s in prediction.stuck}
+    for rank in ranks:
+        pred = prediction.ranks[rank]
+        end = pred.end if rank not in stuck else (f"waits forever in {stuck[rank].call.describe()} at step "
+                                                  f"{stuck[rank].call.step}, missing {list(stuck[rank].missing)}")
+        out.print(f"rank {rank} ({end})", style="bold", markup=False, highlight=False)
+        for index, obs in enumerate(pred.observations):
             out.print(f"  step {index}: {json.dumps(to_json(obs))}", markup=False, highlight=False)
-    for stuck in prediction.stuck:
-        out.print(f"  stuck: rank {stuck.rank} in {stuck.call.describe()} at step {stuck.call.step}, "
-                  f"missing {list(stuck.missing)}", markup=False, highlight=False)
     return EXIT_OK
 
 

@@ -18,10 +18,12 @@ def test_findings_lists_the_registry_with_versions(capsys):
 
 def test_explain_prints_the_models_prediction_without_torch(capsys):
     path = os.path.join(ROOT, "scenarios", "04-skipped-subgroup-all-reduce.toml")
-    assert cli.main(["explain", path, "--rank", "5"]) == 0
+    assert cli.main(["explain", path, "--rank", "5", "--rank", "4"]) == 0
     out = capsys.readouterr().out
     assert "model predicts hang" in out and "culprit ranks [5]" in out
-    assert "rank 5" in out and "stuck: rank 4 in all_reduce on group [4, 5, 6, 7]" in out
+    assert "rank 4 (waits forever in all_reduce on group [4, 5, 6, 7] at step 2, missing [5])" in out
+    assert "rank 5 (waits forever in all_gather on group [4, 5, 6, 7] at step 2, missing [4, 6, 7])" in out
+    assert "(finished)" not in out
 
 
 def test_explain_rejects_a_rank_outside_the_world(capsys):

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..model import torch_side
 from ..outcome import blame, divergent_ranks
-from ..wire import DIED, STUCK
+from ..wire import DIED, RAISED, STUCK
 
 KINDS = {
     "dead": "dead rank",
@@ -24,6 +24,7 @@ KINDS = {
     "subset": "group creation on a subset of ranks",
     "reordered": "reordered collectives",
     "skipped": "skipped collective",
+    "size": "tensor sizes differ across ranks",
     "unknown": "ranks waiting, cause unclear",
 }
 
@@ -68,7 +69,7 @@ def diagnose(record: Any, plan: Any = None, prediction: Any = None) -> Diagnosis
     waits = [_wait(s, states, plan, prediction) for s in states if s.end == STUCK and s.call is not None]
     waiting = {w.rank for w in waits}
     elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}
-    kind, culprits, note = _classify(record, waits, plan)
+    kind, culprits, note = _classify(record, waits, plan, prediction)
     diagnosis = Diagnosis(KINDS[kind], culprits, "", waits, elsewhere, _group_stacks(record.stacks))
     diagnosis.summary = _summary(diagnosis, states) + (f" {note}" if note else "")
     return diagnosis
@@ -114,7 +115,7 @@ def _group_coordinate(state: Any, plan: Any, prediction: Any, handle: str | None
     return None
 
 
-def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int], str]:
+def _classify(record: Any, waits: list[Wait], plan: Any, prediction: Any) -> tuple[str, list[int], str]:
     """The kind of failure, its culprits (meshsim.outcome.blame) and a note on what the ranks disagree about."""
     states = record.states
     stragglers = [s.rank for s in states if s.end == STUCK and s.call is None]
@@ -129,6 +130,10 @@ def _classify(record: Any, waits: list[Wait], plan: Any) -> tuple[str, list[int]
         kind = "straggler"
     elif not waits:
         kind = "unknown"
+    elif prediction is not None and prediction.mismatched:
+        kind, evidence = "size", sorted({r for _, odd in prediction.mismatched for r in odd})
+        call = prediction.mismatched[0][0]
+        note = f"Ranks {evidence} passed other tensor sizes to {call.describe()} at step {call.step}."
     elif any(w.call == "new_group" for w in waits):
         kind, evidence, note = _classify_creation(states, waits)
     else:
@@ -312,15 +317,25 @@ def _normalise_stack(text: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x…", text)
 
 
+def headline_wait(waits: list[Wait], culprits: list[int]) -> Wait | None:
+    """The wait that shows the root cause: on the group where a culprit is missing (not a side effect of it)."""
+    for w in waits:
+        if set(w.missing) & set(culprits):
+            return w
+    return waits[0] if waits else None
+
+
 def _summary(d: Diagnosis, states: list) -> str:
     who = ", ".join(map(str, d.culprits)) or "none identified"
-    if not d.waits:
-        return f"{d.kind}: culprit ranks {who}"
-    w = d.waits[0]
+    lead = "; ".join(f"rank {r} {states[r].where}" for r in d.culprits[:3]
+                     if states[r].end in (DIED, RAISED) or d.kind == KINDS["straggler"])
+    w = headline_wait(d.waits, d.culprits)
+    if w is None:
+        return f"{d.kind}: {lead + '. ' if lead else ''}Culprit ranks: {who}."
     where = f" (mesh {w.mesh!r}, dim {w.mesh_dim!r}" + (f", coordinate {w.group_coordinate})" if w.group_coordinate else ")") \
         if w.mesh is not None else ""
     missing = ", ".join(f"{m} {states[m].where}" for m in w.missing[:4]) or "nobody"
     more = f" (and {len(d.waits) - 1} more waiting ranks)" if len(d.waits) > 1 else ""
     at = "in the user function" if w.op == "function" else f"at step {w.step} ({w.op})"
-    return (f"{d.kind}: rank {w.rank} waits in {w.call} on group {w.group_ranks}{where} {at}"
-            f"{more}; missing: {missing}. Culprit ranks: {who}.")
+    return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} waits in {w.call} on group {w.group_ranks}"
+            f"{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")

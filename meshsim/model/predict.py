@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,7 +251,8 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
                 continue
             if call.kind != "all_reduce" and any(c.detail != call.detail for c in at):
                 continue
-            odd = tuple(m for m, c in zip(call.members, at) if c.detail != call.detail)
+            usual = Counter(c.detail for c in at).most_common(1)[0][0]  # the majority's size is the norm
+            odd = tuple(m for m, c in zip(call.members, at) if c.detail != usual)
             if odd:
                 mismatched.append((call, odd))
             for m in call.members:

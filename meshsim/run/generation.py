@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..wire import JoinFailed, Ready, Stop
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
+from .reaper import ignore_interrupts_while, kill_group
 
 # Imported once in the forkserver so that every worker starts warm. DeviceMesh slicing imports the fx
 # proxy-tensor machinery lazily (~0.6 s per rank on first use): pay that once, here.
@@ -50,6 +52,14 @@ class Worker:
     pid: int = 0
     stack_offset: int = 0
     output_offset: int = 0
+    poller: Any = None
+
+    def readable(self) -> bool:
+        """Whether a message waits in the pipe (Connection.poll builds a selector per call: too slow here)."""
+        if self.poller is None:
+            self.poller = select.poll()
+            self.poller.register(self.conn.fileno(), select.POLLIN)
+        return bool(self.poller.poll(0))
 
     def new_output(self, limit: int = 4096) -> str:
         """What the rank printed since the last call (its last `limit` characters)."""
@@ -79,15 +89,17 @@ class Generation:
     number: int
     workers: list[Worker] = field(default_factory=list)
     lifeline: Connection | None = None  # write end; when it closes, every worker of this generation exits
+    reaper: Any = None  # kills the workers' process groups if the controller dies (meshsim.run.reaper)
 
-    def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float) -> None:
+    def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float, reaper: Any = None) -> None:
+        self.reaper = reaper
         reader, self.lifeline = ctx.Pipe(duplex=False)
         try:
             for spec in specs:
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=worker_main, args=(spec, child, reader), daemon=True,
                                       name=f"meshsim-rank{spec.rank}")
-                process.start()
+                ignore_interrupts_while(process.start)  # the forkserver starts here the first time
                 child.close()
                 self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file))
         finally:
@@ -115,6 +127,8 @@ class Generation:
                     reason = message.reason if isinstance(message, JoinFailed) else repr(message)
                     raise ClusterError(f"rank {worker.rank} could not join the world: {reason}")
                 worker.pid = message.pid
+                if self.reaper is not None:
+                    self.reaper.watch(worker.pid)  # the worker leads its own process group
 
     def send(self, message: tuple) -> None:
         for worker in self.workers:
@@ -163,6 +177,10 @@ class Generation:
                 worker.process.kill()
                 worker.process.join(1.0)
         for worker in self.workers:
+            if worker.pid:
+                kill_group(worker.pid)  # whatever the rank started, subprocesses and forks, goes with it
+                if self.reaper is not None:
+                    self.reaper.forget(worker.pid)
             worker.conn.close()
             for path in (worker.stack_file, worker.output_file):
                 try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import selectors
 import socket
 import tempfile
 import time
 import weakref
 from datetime import timedelta
-from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from .. import deadlines
@@ -19,6 +19,7 @@ from ..spec.topology import Topology
 from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, Teardown
 from .generation import PRELOAD, ClusterError, Generation, SetupError
 from .rank import WorkerSpec
+from .reaper import Reaper
 from .record import RankState, RunRecord
 
 BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto")
@@ -63,6 +64,8 @@ class Cluster:
         self._port = 0
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._ctx: Any = None
+        self._reaper: Reaper | None = None
+        self._in_setup = False
 
     # ------------------------------------------------------------------ life cycle
 
@@ -99,6 +102,7 @@ class Cluster:
         listener.detach()  # the store owns the socket now
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
+        self._reaper = Reaper()
         _open_clusters.add(self)
         try:
             self._new_generation()
@@ -118,7 +122,7 @@ class Cluster:
         ]
         generation = Generation(number)
         self.generation = generation
-        generation.start(self._ctx, specs, self.start_timeout)
+        generation.start(self._ctx, specs, self.start_timeout, self._reaper)
         if self.setup is not None:
             self._run_setup()
         return generation
@@ -128,7 +132,11 @@ class Cluster:
 
         target = self.setup if callable(self.setup) else _call_by_name
         args = () if callable(self.setup) else (self.setup,)
-        run = run_function(self, target, args, {}, self.start_timeout)
+        self._in_setup = True
+        try:
+            run = run_function(self, target, args, {}, self.start_timeout)
+        finally:
+            self._in_setup = False
         if run.outcome != PASS:
             self.restart()
             name = getattr(self.setup, "__name__", self.setup)
@@ -157,6 +165,9 @@ class Cluster:
         if self.generation is not None:
             self.generation.stop()
             self.generation = None
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
         self._store = None
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -188,43 +199,53 @@ class Cluster:
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
             self.restart()
-            try:
-                self._new_generation()  # fresh ranks now, so the cluster is ready when the caller gets the result
-            except SetupError:
-                raise
-            except ClusterError:
-                self.generation = None  # the next run tries again and reports why it cannot start
+            if not self._in_setup:  # a failed setup is final: no fresh generation would do better
+                try:
+                    self._new_generation()  # fresh ranks now, so the cluster is ready when the caller gets the result
+                except SetupError:
+                    raise
+                except ClusterError:
+                    self.generation = None  # the next run tries again and reports why it cannot start
         else:
             generation.send(Teardown(max(s.group_count for s in record.states) + 1))
         return record
 
     def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
+        """Read every rank's progress until all have answered, one died (plus a grace), or time ran out.
+
+        One selector, registered for the pending ranks' pipes and process sentinels: a plan sends hundreds of
+        progress messages, and rebuilding the wait set for each of them cost a fifth of a core.
+        """
         states = [RankState(w.rank) for w in generation.workers]
-        by_conn = {w.conn: w for w in generation.workers}
-        by_sentinel = {w.process.sentinel: w for w in generation.workers}
         pending = {w.rank for w in generation.workers}
         hard = started + deadline
         first_death: float | None = None
-        while pending:
-            limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
-            left = limit - time.monotonic()
-            if left <= 0:
-                break
-            live = [w for w in generation.workers if w.rank in pending]
-            for ready in wait([w.conn for w in live] + [w.process.sentinel for w in live], timeout=left):
-                worker = by_conn.get(ready) or by_sentinel[ready]
-                if worker.rank not in pending:
-                    continue
-                status = self._drain(worker, states[worker.rank])
-                if status == "result":
-                    pending.discard(worker.rank)
-                elif status == "eof" or ready in by_sentinel:
-                    worker.process.join(0.5)
-                    self._drain(worker, states[worker.rank])
-                    state = states[worker.rank]
-                    state.end, state.exitcode = DIED, worker.process.exitcode
-                    pending.discard(worker.rank)
-                    first_death = first_death or time.monotonic()
+        with selectors.DefaultSelector() as selector:
+            for worker in generation.workers:
+                selector.register(worker.conn, selectors.EVENT_READ, (worker, False))
+                selector.register(worker.process.sentinel, selectors.EVENT_READ, (worker, True))
+            while pending:
+                limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
+                left = limit - time.monotonic()
+                if left <= 0:
+                    break
+                for key, _ in selector.select(timeout=left):
+                    worker, is_sentinel = key.data
+                    if worker.rank not in pending:
+                        continue
+                    status = self._drain(worker, states[worker.rank])
+                    if status == "result":
+                        pending.discard(worker.rank)
+                    elif status == "eof" or is_sentinel:
+                        worker.process.join(0.5)
+                        self._drain(worker, states[worker.rank])
+                        state = states[worker.rank]
+                        state.end, state.exitcode = DIED, worker.process.exitcode
+                        pending.discard(worker.rank)
+                        first_death = first_death or time.monotonic()
+                    if worker.rank not in pending:
+                        selector.unregister(worker.conn)
+                        selector.unregister(worker.process.sentinel)
         for rank in pending:
             states[rank].end = STUCK
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
@@ -233,7 +254,7 @@ class Cluster:
     def _drain(worker: Any, state: RankState) -> str:
         """Read what the worker sent: 'result' once its result is in, 'eof' if it is gone, else 'more'."""
         try:
-            while worker.conn.poll():
+            while worker.readable():
                 message = worker.conn.recv()
                 if isinstance(message, PlanDone):
                     state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
@@ -265,12 +286,15 @@ def _call_by_name(target: str) -> None:
     getattr(importlib.import_module(module), name)()
 
 
-def _close_all() -> None:
+def close_all(kill: bool = False) -> None:
+    """Close every cluster of this process (at exit; with kill=True, when a signal ends the run: no goodbyes)."""
     for cluster in list(_open_clusters):
         try:
+            if kill:
+                cluster.restart()
             cluster.close()
         except Exception:
             pass
 
 
-atexit.register(_close_all)
+atexit.register(close_all)

@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ..deadlines import torch_wait
+from .reaper import die_with_parent, lead_own_group
 from ..wire import (FunctionBegun, FunctionDone, JoinFailed, PlanDone, Ready, RunFunction, RunPlan, StepBegun,
                     Stop, Teardown, dispatch)
 
@@ -43,11 +44,8 @@ class WorkerSpec:
 
 
 def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    lead_own_group()
+    die_with_parent()
     if os.getppid() == 1:  # the parent is already gone
         os._exit(3)
 

@@ -1,0 +1,101 @@
+"""The reaper: a tiny process that outlives the controller by design, so that no rank outlives the run.
+
+Every worker leads its own process group, so whatever a rank starts (a subprocess, an os.fork) is in that group.
+The controller tells the reaper each group it makes ("+pgid") and each it has cleaned up itself ("-pgid"). When
+the controller's pipe closes, whether it closed the cluster or was SIGKILLed, the reaper SIGKILLs every group it
+still knows and exits. It imports nothing of meshsim or torch: it starts in milliseconds and cannot hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+# Run as `python -I -S -c CODE`: standard library only, reads the controller's lines until end of file.
+CODE = r"""
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+groups = set()
+for line in sys.stdin:
+    line = line.strip()
+    if line[:1] == "+":
+        groups.add(int(line[1:]))
+    elif line[:1] == "-":
+        groups.discard(int(line[1:]))
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class Reaper:
+    def __init__(self) -> None:
+        # Its own session: a Ctrl-C to the controller's terminal must not take the reaper down before it reaps.
+        self.process = subprocess.Popen([sys.executable, "-I", "-S", "-c", CODE], stdin=subprocess.PIPE,
+                                        text=True, start_new_session=True, close_fds=True)
+
+    def _say(self, line: str) -> None:
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def watch(self, pgid: int) -> None:
+        self._say(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        self._say(f"-{pgid}")
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a rank's process group: the rank and everything it started."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def lead_own_group() -> None:
+    """Called first thing in a worker: it and what it starts form one group that can be killed whole."""
+    os.setpgid(0, 0)
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the kernel SIGKILLs this process when its parent dies (no Python, no GIL needed)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def ignore_interrupts_while(start: Any) -> Any:
+    """Run start() with SIGINT ignored, so the processes it launches inherit that (a Ctrl-C is the controller's
+    to handle: it kills them; they must not print tracebacks of their own)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)

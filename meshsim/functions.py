@@ -118,7 +118,10 @@ def _explain(error: Any) -> str:
     """An error in words, with what to do about the classic trap of functions pickled by value."""
     text = repr(error)
     if isinstance(error, NameError):
-        name = getattr(error, "name", None) or str(error)
+        import re
+
+        found = re.search(r"name '([^']+)' is not defined", str(error))  # .name does not survive pickling
+        name = found.group(1) if found else str(error)
         text += (f" -- the name {name!r} does not exist on the ranks. run_fn sends your function by value, so the "
                  "globals it uses must exist in the ranks' processes too; a name imported or defined under "
                  "`if __name__ == \"__main__\":` exists only in your own process. Import it inside the function, "

@@ -243,9 +243,12 @@ def run_torchrun(args: Any) -> int:
     from .run.torchrun import TorchrunExecutor
     from .spec.plan import Plan
 
+    import warnings
+
     # torchrun stops the other ranks with SIGTERM when one fails; a rank stuck in a C++ wait never returns
     # to Python to run a handler, so let the default action end it at once.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    warnings.simplefilter("ignore")  # torch's deprecation chatter, once per rank, would bury the report
     report: NightlyReport | None = None
     cases: list = []
 

@@ -3,6 +3,7 @@ bounded, no process outlives the run, signals end a run in one line, and nothing
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -90,8 +91,9 @@ def test_a_hostile_scenario_field_is_exit_2_in_one_line_before_anything_starts(t
     assert len(err.splitlines()) == 1 and word in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("content", [os.urandom(4096), b"[[step]]\nop = " + b"[" * 5000 + b"]" * 5000,
-                                     b"a = " + b"[" * 5000 + b"]" * 5000])
+@pytest.mark.parametrize("content", [random.Random(0).randbytes(4096), b"[[step]]\nop = " + b"[" * 5000 + b"]" * 5000,
+                                     b"a = " + b"[" * 5000 + b"]" * 5000],
+                         ids=["random-bytes", "op-nested-5000-deep", "key-nested-5000-deep"])
 def test_garbage_files_are_exit_2_in_one_line(tmp_path, capsys, no_cluster, content):
     path = tmp_path / "garbage.toml"
     path.write_bytes(content)

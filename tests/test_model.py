@@ -180,3 +180,13 @@ def test_the_model_answers_for_one_rank_of_a_100k_rank_world():
     obs = torch_side(predict_rank(plan, 100_000, 99_999)[2])
     assert obs["coordinate"] == [24, 999]
     assert obs["dims"][0]["group"][:3] == [3999, 7999, 11999]
+
+
+def test_a_rank_that_dies_right_after_making_groups_leaves_its_peers_unpredictable_from_that_step():
+    # Its peers may still be connecting the groups it made when it dies (gloo: "Connection closed by peer"),
+    # so their observations of the group-making step are not the model's to predict.
+    plan = Plan((MESH_2D, step("kill", only_on=[2]), step("check", mesh="m")))
+    pred = predict(plan, W)
+    assert pred.outcome == "crash" and pred.culprits == [2] and pred.undefined_from == 0
+    survivor = Plan((MESH_2D, step("query", mesh="m", what="ndim"), step("kill", only_on=[2])))
+    assert predict(survivor, W).undefined_from == 0  # its last call was still in step 0

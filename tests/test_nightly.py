@@ -39,7 +39,10 @@ def test_torchrun_on_one_machine_runs_the_suite_on_its_ranks(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["mode"] == "torchrun" and report["topology"] == "1x4" and report["passed"]
-    assert len(report["items"]) == 8
+    ran = [item for item in report["items"] if not item["skipped"]]
+    assert len(ran) == 8
+    # said, not dropped: no scenario here is for 4 ranks, and the recipe examples are user functions
+    assert {item["suite"] for item in report["items"] if item["skipped"]} == {"example", "scenario"}
 
 
 def test_two_torchrun_invocations_act_as_two_nodes(tmp_path):
@@ -54,7 +57,8 @@ def test_two_torchrun_invocations_act_as_two_nodes(tmp_path):
     assert [p.returncode for p in nodes] == [0, 0], outputs
     (written,) = [p for p in tmp_path.iterdir()]  # rank 0 writes the report, on whichever node it is
     report = json.loads(written.read_text())
-    assert report["topology"] == "2x2" and report["passed"] and len(report["items"]) == 6
+    assert report["topology"] == "2x2" and report["passed"]
+    assert len([item for item in report["items"] if not item["skipped"]]) == 6
 
 
 HANG = """
@@ -97,3 +101,15 @@ def test_a_hang_under_torchrun_ends_at_its_deadline_with_a_diagnosis(tmp_path):
     waits = item["diagnosis"]["waiting"]
     assert {w["mesh_dim"] for w in waits} == {"tp"} and {w["rank"] for w in waits} == {0, 1}
     assert ET.parse(tmp_path / "h.xml").getroot().findall(".//failure")
+
+
+def test_every_part_of_the_suite_that_cannot_run_is_a_skipped_line_and_a_junit_skip(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "meshsim", "nightly", "--hosts", "1", "--devices-per-host", "2",
+                          "--examples", "0", "--junit", str(tmp_path / "n.xml")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)  # no ./scenarios here
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 cases, all passed; 3 parts skipped" in out.stdout
+    skipped = ET.parse(tmp_path / "n.xml").getroot().findall(".//skipped")
+    reasons = " | ".join(s.get("message") for s in skipped)
+    assert len(skipped) == 3 and "no scenario directory scenarios" in reasons and "--examples 0" in reasons
+    assert "2x4 gloo cluster" in reasons

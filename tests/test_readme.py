@@ -53,3 +53,30 @@ def test_every_readme_scenario_is_valid(code):
 def test_the_readme_plan_language_reference_is_the_generated_one():
     embedded = README.split("<!-- ops:begin -->\n", 1)[1].split("\n<!-- ops:end -->", 1)[0]
     assert embedded == reference_markdown(), "run `meshsim ops --markdown` and paste it into the README"
+
+
+MAIN_GUARD_TRAP = '''
+from meshsim import Cluster, Topology
+
+
+def rank_times_ten():
+    return dist.get_rank() * 10
+
+
+if __name__ == "__main__":
+    import torch.distributed as dist  # only in this process: the ranks never see it
+
+    with Cluster(Topology(1, 2)) as cluster:
+        run = cluster.run_fn(rank_times_ten)
+        print(run.outcome)
+        run.values
+'''
+
+
+def test_a_name_imported_under_the_main_guard_fails_with_a_message_that_names_it_and_the_fix(tmp_path):
+    script = tmp_path / "trap.py"
+    script.write_text(MAIN_GUARD_TRAP)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1 and out.stdout.strip() == "error"
+    assert "the name 'dist' does not exist on the ranks" in out.stderr
+    assert "if __name__ == \"__main__\":" in out.stderr and "Import it inside the function" in out.stderr

@@ -90,6 +90,13 @@ class Result:
         return self
 
     @property
+    def output(self) -> str:
+        """What every rank printed during the run, each line prefixed with its rank ("[rank3]: ...")."""
+        from ..functions import rank_output
+
+        return rank_output(self.record.states)
+
+    @property
     def culprits(self) -> list[int]:
         return list(self.diagnosis.culprits) if self.diagnosis is not None else []
 

@@ -11,7 +11,7 @@ from typing import Any
 from . import deadlines
 from .judge.verdict import Result, judge
 from .model.predict import Prediction, predict, unpredictable
-from .spec.plan import Plan, validate
+from .spec.plan import Plan, PlanError, validate
 from .wire import RunPlan
 
 
@@ -26,6 +26,8 @@ def prediction_for(plan: Plan, world: int, deadline: float) -> Prediction:
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
           prediction: Prediction | None = None) -> Result:
     """Run `plan` on the executor's ranks and judge what they observed against the model."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world)
     deadline = deadlines.checked(deadlines.PLAN_S if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []

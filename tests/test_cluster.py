@@ -165,6 +165,22 @@ def test_a_user_function_that_hangs_is_diagnosed_with_its_mesh_dim(meshsim_clust
     assert {w.mesh_dim for w in run.diagnosis.waits} == {"tp"}
 
 
+def test_the_diagnosis_headline_names_the_group_the_culprit_is_missing_from_not_a_side_effect(meshsim_cluster):
+    def skip_on_five():
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        if dist.get_rank() != 5:
+            dist.all_reduce(torch.ones(1), group=mesh.get_group("tp"))
+        dist.all_reduce(torch.ones(1), group=mesh.get_group("dp"))
+
+    run = meshsim_cluster.run_fn(skip_on_five, deadline=2)
+    assert run.diagnosis.culprits == [5]
+    headline = run.diagnosis.summary
+    assert "on group [4, 5, 6, 7]" in headline and "dim 'tp'" in headline and "missing: 5" in headline, headline
+
+
 def test_closures_run_on_every_rank_and_exceptions_come_back(meshsim_cluster):
     offset = 100
     assert meshsim_cluster.run_fn(lambda: __import__("torch").distributed.get_rank() + offset).values == \

@@ -218,15 +218,16 @@ def _assert_all_gone(pids, within=15.0):
     assert not [p for p in pids if alive(p)]
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_ends_a_fuzz_run_in_one_line_with_its_exit_code_and_no_rank_left(signum, code):
+@pytest.mark.parametrize("signum, code, after", [(signal.SIGTERM, 143, 12), (signal.SIGINT, 130, 12),
+                                                (signal.SIGINT, 130, 1.5)], ids=["term", "int", "int-at-start"])
+def test_a_signal_ends_a_fuzz_run_in_one_line_with_its_exit_code_and_no_rank_left(signum, code, after):
     proc = subprocess.Popen([sys.executable, "-m", "meshsim", "fuzz", "--hosts", "1", "--devices-per-host", "2",
                              "--examples", "100000", "--seed", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=HERE)
-    time.sleep(12)  # well into the sweep
+                            stderr=subprocess.PIPE, text=True, cwd=HERE, start_new_session=True)
+    time.sleep(after)  # well into the sweep, or while the ranks are still starting
     ranks = _children_named(proc.pid, "meshsim-r")
-    assert ranks
-    proc.send_signal(signum)
+    assert ranks or after < 5
+    os.killpg(proc.pid, signum)  # as a terminal does: the whole foreground group gets it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     lines = [line for line in err.strip().splitlines() if line.strip()]

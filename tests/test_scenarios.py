@@ -98,3 +98,48 @@ def test_invalid_file_exit_code_from_the_shell(tmp_path):
 def test_a_missing_file_is_a_clear_error():
     with pytest.raises(ScenarioError, match="cannot read"):
         load("/nonexistent/scenario.toml")
+
+
+@pytest.mark.parametrize("name, opening", [
+    ("08-rank-killed-in-collective", "dead rank: rank 6 died"),
+    ("12-all-reduce-size-mismatch", "tensor sizes differ across ranks:"),
+])
+def test_the_diagnosis_headline_leads_with_the_root_cause(meshsim_pool, name, opening):
+    scenario = load(os.path.join(ROOT, "scenarios", f"{name}.toml"))
+    result = meshsim_pool.get(str(scenario.topology)).run(scenario.plan, deadline=scenario.deadline)
+    assert result.diagnosis.summary.startswith(opening), result.diagnosis.summary
+
+
+def test_run_releases_a_topologys_cluster_once_no_file_left_needs_it(tmp_path, monkeypatch):
+    events = []
+
+    class FakeCluster:
+        def __init__(self, topology, **kwargs):
+            self.topology = topology
+
+        def start(self):
+            events.append(f"start {self.topology}")
+            return self
+
+        def close(self):
+            events.append(f"close {self.topology}")
+
+        def run(self, plan, deadline=None):
+            events.append(f"run {self.topology}")
+            return meshsim_result_stub(self.topology)
+
+    def meshsim_result_stub(topology):
+        from meshsim.judge.verdict import Result
+        from meshsim.run.record import RunRecord
+
+        return Result(None, topology.world, "pass", "pass", [], {}, RunRecord(topology.world, 1, [], 0.0, False), None)
+
+    monkeypatch.setattr("meshsim.run.Cluster", FakeCluster, raising=False)
+    monkeypatch.setattr("meshsim.run.process.Cluster", FakeCluster)
+    files = []
+    for index, (hosts, devices) in enumerate([(1, 2), (1, 2), (2, 2), (1, 2)]):
+        path = tmp_path / f"s{index}.toml"
+        path.write_text(f"[topology]\nhosts={hosts}\ndevices_per_host={devices}\n[[step]]\nop='sleep'\nseconds=0\n")
+        files.append(str(path))
+    cli.main(["run", *files, "--json"])
+    assert events == ["start 1x2", "run 1x2", "run 1x2", "start 2x2", "run 2x2", "close 2x2", "run 1x2", "close 1x2"]

@@ -23,6 +23,7 @@ from .reaper import Reaper
 from .record import RankState, RunRecord
 
 BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto")
+MAX_PROCESS_WORLD = 64  # a process per rank: beyond this, 2 cores and gloo's full-mesh connects crawl
 _open_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
@@ -52,6 +53,10 @@ class Cluster:
 
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, setup: Callable | str | None = None):
+        if topology.world > MAX_PROCESS_WORLD:
+            raise ClusterError(f"{topology} is {topology.world} ranks; a local cluster runs one process per rank, "
+                               f"at most {MAX_PROCESS_WORLD} (the model alone answers for larger worlds: "
+                               "`meshsim explain`)")
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
         self.backend = resolve_backend(backend, topology.world)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
+from .launch import LAUNCH_S
 from .report import make_console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -21,6 +22,13 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 class UsageError(ValueError):
     """Bad command-line input (one line, exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as meshsim's: one line naming the command, exit 2 (`-h` shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} -h`)\n")
 
 
 def _positive(kind: type) -> Any:
@@ -65,9 +73,9 @@ def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, wh
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meshsim", description=(
+    parser = Parser(prog="meshsim", description=(
         "A simulated multi-host cluster testbed for PyTorch DeviceMesh correctness."))
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     fz = sub.add_parser("fuzz", help="generated plans on a simulated HxD cluster, checked against the model")
     _topology_options(fz)
@@ -115,6 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
                     help=f"seconds each example may take (default {EXAMPLE_S:g})")
+
+    la = sub.add_parser("launch", help="run an unmodified torchrun script on simulated hosts x GPUs, bounded and "
+                                       "diagnosed (replace the word `torchrun`)")
+    la.add_argument("--nnodes", "--hosts", dest="nnodes", type=_positive(int), default=1,
+                    help="simulated hosts (default 1)")
+    la.add_argument("--nproc-per-node", "--nproc_per_node", "--devices-per-host", dest="nproc_per_node",
+                    type=_positive(int), default=1, help="ranks (simulated GPUs) per host (default 1)")
+    la.add_argument("--deadline", type=_deadline, default=LAUNCH_S,
+                    help=f"seconds the script may run before a rank still waiting is called a hang "
+                         f"(default {LAUNCH_S:g})")
+    la.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rankN.log")
+    la.add_argument("--groups", action="store_true", help="print the map of process groups the script created")
+    la.add_argument("-m", "--module", action="store_true", help="TARGET is a module, run as `python -m` would")
+    for flag in ("--rdzv-id", "--rdzv_id", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend",
+                 "--rdzv_backend", "--max-restarts", "--max_restarts", "--node-rank", "--node_rank",
+                 "--master-addr", "--master_addr", "--master-port", "--master_port"):
+        la.add_argument(flag, help=argparse.SUPPRESS)  # torchrun's: accepted, meaningless on one machine
+    la.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
+    la.add_argument("target", metavar="TARGET", help="the script (or, with -m, the module)")
+    la.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
     op = sub.add_parser("ops", help="the plan language: every operation and its fields (generated from meshsim.ops)")
     op.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
@@ -383,6 +411,15 @@ def cmd_examples(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from .launch import LaunchError, main
+
+    try:
+        return main(args)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -401,7 +438,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
+COMMANDS = {"launch": cmd_launch, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
             "explain": cmd_explain}
 
 if __name__ == "__main__":

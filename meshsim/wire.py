@@ -40,6 +40,15 @@ class RunFunction(NamedTuple):
     deadline: float
 
 
+class RunScript(NamedTuple):
+    """Run a user's script (or module, with -m) as __main__ with these arguments, as torchrun would."""
+
+    target: str
+    is_module: bool
+    argv: list
+    deadline: float
+
+
 class Teardown(NamedTuple):
     next_group_count: int  # torch's group counter continues from here on every rank
 
@@ -104,8 +113,15 @@ class FunctionDone(NamedTuple):
     group_count: int
 
 
+class ScriptDone(NamedTuple):
+    exit_code: int
+    traceback: str  # the uncaught exception's traceback ("" when the script ended normally or by sys.exit)
+    group_count: int
+
+
 PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt)
-MESSAGES = (RunPlan, RunFunction, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone)
+MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone,
+            ScriptDone)
 
 
 class WireError(RuntimeError):

@@ -307,9 +307,11 @@ def _normalise_stack(text: str) -> str:
             continue  # the torchrun watchdog, taking this very dump
         lines = []
         for line in block.splitlines():
-            if "meshsim/run/rank.py" in line or "multiprocessing/" in line or "meshsim/run/torchrun.py" in line:
+            if any(part in line for part in ("meshsim/run/rank.py", "multiprocessing/", "meshsim/run/torchrun.py",
+                                             "<frozen runpy>")):
                 break  # below here: meshsim's command loop and process bootstrap
-            if "meshsim/run/progress.py" in line or "c10d_logger.py" in line:
+            if any(part in line for part in ("meshsim/run/progress.py", "c10d_logger.py", "meshsim/run/simgpu.py",
+                                             "torch/overrides.py")):
                 continue  # the instrumentation wrapper
             lines.append(line.rstrip())
         kept.append("\n".join(lines))
@@ -336,6 +338,6 @@ def _summary(d: Diagnosis, states: list) -> str:
         if w.mesh is not None else ""
     missing = ", ".join(f"{m} {states[m].where}" for m in w.missing[:4]) or "nobody"
     more = f" (and {len(d.waits) - 1} more waiting ranks)" if len(d.waits) > 1 else ""
-    at = "in the user function" if w.op == "function" else f"at step {w.step} ({w.op})"
+    at = {"function": "in the user function", "script": "in the script"}.get(w.op, f"at step {w.step} ({w.op})")
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} waits in {w.call} on group {w.group_ranks}"
             f"{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")

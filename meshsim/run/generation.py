@@ -61,7 +61,7 @@ class Worker:
             self.poller.register(self.conn.fileno(), select.POLLIN)
         return bool(self.poller.poll(0))
 
-    def new_output(self, limit: int = 4096) -> str:
+    def new_output(self, limit: int | None = 4096) -> str:
         """What the rank printed since the last call (its last `limit` characters)."""
         text, self.output_offset = _read_since(self.output_file, self.output_offset, limit)
         return text

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .. import deadlines
 from ..outcome import PASS
 from ..spec.topology import Topology
-from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, Teardown
+from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, ScriptDone, Teardown
 from .generation import PRELOAD, ClusterError, Generation, SetupError
 from .rank import WorkerSpec
 from .reaper import Reaper
@@ -52,7 +52,9 @@ class Cluster:
     """
 
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
-                 start_timeout: float = deadlines.START_S, setup: Callable | str | None = None):
+                 start_timeout: float = deadlines.START_S, setup: Callable | str | None = None,
+                 script: bool = False, simulated_gpus: bool = False,
+                 echo: Callable[[int, str], None] | None = None):
         if topology.world > MAX_PROCESS_WORLD:
             raise ClusterError(f"{topology} is {topology.world} ranks; a local cluster runs one process per rank, "
                                f"at most {MAX_PROCESS_WORLD} (the model alone answers for larger worlds: "
@@ -71,6 +73,9 @@ class Cluster:
         self._ctx: Any = None
         self._reaper: Reaper | None = None
         self._in_setup = False
+        self.script = script  # bare ranks that run one script each (meshsim launch): nothing pre-initialised
+        self.simulated_gpus = simulated_gpus
+        self.echo = echo  # called with (rank, new output) while a run goes on
 
     # ------------------------------------------------------------------ life cycle
 
@@ -122,7 +127,8 @@ class Cluster:
         specs = [
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
                        self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
-                       os.path.join(self._tmp.name, f"output-{number}-{rank}"), self.start_timeout)
+                       os.path.join(self._tmp.name, f"output-{number}-{rank}"), self.start_timeout, self.script,
+                       self.simulated_gpus)
             for rank in range(self.world)
         ]
         generation = Generation(number)
@@ -211,7 +217,7 @@ class Cluster:
                     raise
                 except ClusterError:
                     self.generation = None  # the next run tries again and reports why it cannot start
-        else:
+        elif not self.script:  # a script's ranks are done for good: close() stops them
             generation.send(Teardown(max(s.group_count for s in record.states) + 1))
         return record
 
@@ -234,13 +240,17 @@ class Cluster:
                 left = limit - time.monotonic()
                 if left <= 0:
                     break
-                for key, _ in selector.select(timeout=left):
+                if self.echo is not None:
+                    self._echo(generation)
+                for key, _ in selector.select(timeout=left if self.echo is None else min(left, 0.2)):
                     worker, is_sentinel = key.data
                     if worker.rank not in pending:
                         continue
                     status = self._drain(worker, states[worker.rank])
                     if status == "result":
                         pending.discard(worker.rank)
+                        if self.script and states[worker.rank].end == RAISED:
+                            first_death = first_death or time.monotonic()  # as torchrun: one fails, all stop
                     elif status == "eof" or is_sentinel:
                         worker.process.join(0.5)
                         self._drain(worker, states[worker.rank])
@@ -251,9 +261,17 @@ class Cluster:
                     if worker.rank not in pending:
                         selector.unregister(worker.conn)
                         selector.unregister(worker.process.sentinel)
+        if self.echo is not None:
+            self._echo(generation)
         for rank in pending:
             states[rank].end = STUCK
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
+
+    def _echo(self, generation: Generation) -> None:
+        for worker in generation.workers:
+            text = worker.new_output(limit=None)
+            if text:
+                self.echo(worker.rank, text)
 
     @staticmethod
     def _drain(worker: Any, state: RankState) -> str:
@@ -265,6 +283,8 @@ class Cluster:
                     state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
                 elif isinstance(message, FunctionDone):
                     state.value, state.end = message.value, FINISHED if message.ok else RAISED
+                elif isinstance(message, ScriptDone):
+                    state.value, state.end = message, FINISHED if message.exit_code == 0 else RAISED
                 else:
                     state.on_event(message)  # progress; any other kind is refused there
                     continue

@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from ..deadlines import torch_wait
 from .reaper import die_with_parent, lead_own_group
-from ..wire import (FunctionBegun, FunctionDone, JoinFailed, PlanDone, Ready, RunFunction, RunPlan, StepBegun,
-                    Stop, Teardown, dispatch)
+from ..wire import (FunctionBegun, FunctionDone, JoinFailed, PlanDone, Ready, RunFunction, RunPlan, RunScript,
+                    ScriptDone, StepBegun, Stop, Teardown, dispatch)
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -41,6 +41,8 @@ class WorkerSpec:
     stack_file: str
     output_file: str  # the rank's stdout and stderr (C++ aborts print there too)
     start_timeout_s: float  # joining the world; torch's waits follow from it by torch_wait()
+    script: bool = False  # a bare rank for `meshsim launch`: the user's script makes its own process group
+    simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
 
 
 def _die_with_parent() -> None:
@@ -96,6 +98,9 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     _capture_output(spec.output_file)
     stacks = open(spec.stack_file, "w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+    if spec.script:
+        serve_script(spec, conn)
+        return
     try:
         session = RankSession.join(spec.backend, spec.rank, topology.world, conn.send,
                                    store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
@@ -125,6 +130,62 @@ def serve(session: "RankSession", conn: Any) -> None:
         except (EOFError, OSError):
             os._exit(3)
         dispatch(message, handlers)
+
+
+def serve_script(spec: WorkerSpec, conn: Any) -> None:
+    """A bare rank: torchrun's environment (the controller's store stands for torchrun's agent store), the
+    progress hooks, simulated GPUs if asked, and then one script run as __main__."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from .progress import Progress, install
+
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// connects to the controller's store as torchrun's
+    if spec.simulated_gpus:
+        from . import simgpu
+
+        simgpu.install(spec.devices_per_host)
+
+    progress = Progress(conn.send)
+    install(progress)
+    conn.send(Ready(os.getpid()))
+
+    def run(message: RunScript) -> None:
+        c10d.default_pg_timeout = timedelta(seconds=torch_wait(message.deadline))
+        progress.emit(FunctionBegun("script"))
+        conn.send(run_script(message))
+        dispatch(conn.recv(), {Stop: lambda m: os._exit(0)})
+
+    try:
+        dispatch(conn.recv(), {RunScript: run, Stop: lambda m: os._exit(0)})
+    except (EOFError, OSError):
+        os._exit(3)
+    os._exit(0)
+
+
+def run_script(message: RunScript) -> ScriptDone:
+    """The script as __main__, with its directory first on sys.path and its arguments in sys.argv, as python does."""
+    import runpy
+
+    import torch.distributed.distributed_c10d as c10d
+
+    code, text = 0, ""
+    sys.argv = [message.target] + list(message.argv)
+    try:
+        if message.is_module:
+            runpy.run_module(message.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(message.target)))
+            runpy.run_path(message.target, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 -- the script's failure is the result
+        code, text = 1, "".join(traceback.format_exception(exc))
+        sys.stderr.write(text)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return ScriptDone(code, text, c10d._world.group_count)
 
 
 class RankSession:

@@ -19,6 +19,7 @@ class RankState:
     call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
+    created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
     meshes: list[tuple] = field(default_factory=list)  # (shape, names, ranks) of each mesh whose groups it made
     done: bool = False  # sent its result
     observations: list[Any] | None = None
@@ -45,6 +46,8 @@ class RankState:
         if event.kind == "new_group":
             self.groups_created += 1
             self.created[event.group] = tuple(event.ranks)
+            if event.context and len(event.context) > 1 and event.context[1]:
+                self.created_as[event.group] = str(event.context[1])
         else:
             self.calls_on[event.group] = event.seq + 1
             self.call_log[(event.group, event.seq)] = (self.step, event.kind)
@@ -56,7 +59,8 @@ class RankState:
         self.meshes.append((self.step, event.shape, event.names, event.ranks))
 
     def _function(self, event: FunctionBegun) -> None:
-        self.step, self.op, self.out, self.call = 0, "function", None, None
+        self.step, self.out, self.call = 0, None, None
+        self.op = "script" if event.name == "script" else "function"
 
     @property
     def where(self) -> str:
@@ -64,18 +68,20 @@ class RankState:
         if self.end == DIED:
             return f"died (exit code {self.exitcode}) in step {self.step} ({self.op})"
         if self.end == RAISED:
+            if self.end_step is None:
+                return "failed (exited non-zero or raised)"
             return f"raised in step {self.end_step} and left the plan"
         if self.done:
             return FINISHED
-        at = "in the user function" if self.op == "function" else f"step {self.step}"
+        at = {"function": "in the user function", "script": "in the script"}.get(self.op, f"step {self.step}")
         if self.call is not None:
             return f"in {self.call.kind} on group {list(self.call.ranks)} ({at})"
         if self.step is None:
             return "has not started"
         if self.step == -1:
             return "tearing down the previous plan"
-        if self.op == "function":
-            return "running the user function outside any collective"
+        if self.op in ("function", "script"):
+            return f"running the {'user function' if self.op == 'function' else 'script'} outside any collective"
         return f"running step {self.step} ({self.op}) outside any collective"
 
 

@@ -1,0 +1,89 @@
+"""`meshsim launch`: unmodified torchrun scripts on simulated hosts x GPUs, bounded, with the diagnosis."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from meshsim import Topology
+from meshsim.launch import LaunchFailed, grouped_tracebacks, group_map, launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "meshsim", "examples", "scripts")
+SCRIPTS = os.path.join(ROOT, "tests", "launch_scripts")
+
+
+def meshsim_launch(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "meshsim", "launch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=RECIPE)
+
+
+@pytest.mark.parametrize("script", ["2d_setup_with_device_mesh.py", "hsdp.py", "3d_custom_parallel.py"])
+def test_the_recipes_device_mesh_scripts_run_unchanged_on_2_hosts_x_4_gpus(script):
+    out = meshsim_launch("--nnodes", "2", "--nproc-per-node", "4", script)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "all ranks exited 0" in out.stderr
+
+
+def test_2d_setup_runs_on_1_host_x_8_with_the_recipes_own_torchrun_flags():
+    out = meshsim_launch("--nproc_per_node=8", "--rdzv_id=100", "--rdzv_endpoint=localhost:29400", "2d_setup.py")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[rank7]:Running example on rank=7 in a world with world_size=8" in out.stdout
+
+
+def test_2d_setup_fails_on_2_hosts_x_4_on_ranks_4_to_7_as_real_hardware_would():
+    result = launch(os.path.join(RECIPE, "2d_setup.py"), Topology(2, 4), deadline=60)
+    assert result.outcome == "error" and result.exit_codes == [0, 0, 0, 0, 1, 1, 1, 1]
+    ((ranks, title, _),) = grouped_tracebacks(result)
+    assert ranks == [4, 5, 6, 7] and "invalid device ordinal" in title and title.endswith("at 2d_setup.py:13")
+    _, notes = group_map(result.record, result.topology)
+    assert notes == ["ranks 4-7 are in none of the groups made by new_group (others are)"]
+    with pytest.raises(LaunchFailed, match="ranks 4-7: RuntimeError: CUDA error: invalid device ordinal"):
+        result.raise_for_outcome()
+
+
+def test_fsdp2_and_dtensor_run_on_cuda_meshes_of_simulated_gpus_and_get_the_arguments():
+    result = launch(os.path.join(SCRIPTS, "fsdp2_dtensor.py"), Topology(2, 2), args=["--steps", "1"], deadline=120)
+    assert result.passed, result.report()
+    assert all("ok ['--steps', '1']" in output for output in result.outputs)
+
+
+def test_a_skipped_collective_is_a_hang_diagnosed_at_the_deadline_with_group_dim_and_script_line(tmp_path):
+    started = time.monotonic()
+    result = launch(os.path.join(SCRIPTS, "skip_collective.py"), Topology(2, 4), deadline=3, log_dir=str(tmp_path))
+    assert time.monotonic() - started < 3 + 8  # start-up, the deadline, the stacks
+    assert result.outcome == "hang" and result.diagnosis.culprits == [5]
+    headline = result.diagnosis.summary
+    assert "on group [4, 5, 6, 7]" in headline and "dim 'tp'" in headline and "in the script" in headline
+    report = result.report()
+    assert "rank 4 is at skip_collective.py:12" in report and "rank 0 is at skip_collective.py:13" in report
+    assert sorted(os.listdir(tmp_path)) == [f"rank{r}.log" for r in range(8)]
+
+
+def test_an_api_meshsim_does_not_simulate_raises_naming_it():
+    result = launch(os.path.join(SCRIPTS, "refused.py"), Topology(1, 2), deadline=60)
+    ((ranks, title, _),) = grouped_tracebacks(result)
+    assert ranks == [0, 1] and "torch.cuda.memory_allocated" in title and "does not simulate" in title
+
+
+def test_exit_codes_come_back_and_a_failing_rank_stops_the_others():
+    out = meshsim_launch("--nproc-per-node", "2", os.path.join(SCRIPTS, "exits.py"))
+    assert out.returncode == 1 and "exit codes by rank: 0:0, 1:3" in out.stderr
+
+
+def test_a_module_runs_with_dash_m():
+    out = subprocess.run([sys.executable, "-m", "meshsim", "launch", "--nproc-per-node", "4", "-m", "fsdp2_dtensor",
+                          "x"], capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[rank1]:ok ['x']" in out.stdout
+
+
+@pytest.mark.parametrize("args", [["nope.py"], ["-m", "no_such_module_here"], ["--nnodes", "0", "x.py"],
+                                  ["--deadline", "nan", "hsdp.py"], ["--nnodes", "100", "--nproc-per-node", "100",
+                                                                     "hsdp.py"]])
+def test_bad_usage_is_exit_2_in_one_line_and_starts_nothing(args):
+    out = meshsim_launch(*args, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

@@ -24,7 +24,11 @@ def __getattr__(name: str):
         from .check import check
 
         return check
+    if name == "launch":
+        from .launcher import launch
+
+        return launch
     raise AttributeError(name)
 
 
-__all__ = ["Plan", "PlanError", "Step", "step", "Topology", "Cluster", "ClusterError", "predict", "check"]
+__all__ = ["Plan", "PlanError", "Step", "step", "Topology", "Cluster", "ClusterError", "predict", "check", "launch"]

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
-from .launch import LAUNCH_S
+from .launcher import LAUNCH_S
 from .report import make_console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -412,7 +412,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import LaunchError, main
+    from .launcher import LaunchError, main
 
     try:
         return main(args)

@@ -114,6 +114,17 @@ REGISTRY: dict[str, Finding] = {
             since="2.0.0",
         ),
         Finding(
+            "recipe-2d-setup-single-host", "The recipe's 2-D setup without DeviceMesh works on one host only",
+            "docs-vs-code",
+            "The DeviceMesh recipe says its 2d_setup.py snippet 'can also be used when running on multi hosts "
+            "setup'. It sizes the groups by torch.cuda.device_count() (the GPUs of one host) and calls "
+            "torch.cuda.set_device(rank) with the global rank: on 2 hosts x 4 GPUs, ranks 4-7 fail with 'invalid "
+            "device ordinal' (`meshsim launch --nnodes 2 --nproc-per-node 4 2d_setup.py`), and with "
+            "set_device(LOCAL_RANK) instead they join no shard or replicate group. Right: LOCAL_RANK for the "
+            "device, WORLD_SIZE for the groups, or init_device_mesh.",
+            since="2.2.0",
+        ),
+        Finding(
             "localtensormode-not-an-oracle", "LocalTensorMode disagrees with real ranks on irregular rank maps",
             "torch-inconsistent",
             "torch.distributed._local_tensor.LocalTensorMode answers get_local_rank with the mesh coordinate; "

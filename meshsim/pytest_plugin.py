@@ -5,7 +5,8 @@ Fixtures:
                       given by --meshsim-topology (default 2x4) and --meshsim-backend (default gloo).
     meshsim_pool      clusters by (topology, backend), started on first use and kept for the session.
     meshsim           a per-test helper whose cluster follows @pytest.mark.meshsim(topology=..., backend=...),
-                      with .run(plan), .assert_agrees(plan), .check_property(...), .run_fn(fn).
+                      with .run(plan), .assert_agrees(plan), .check_property(...), .run_fn(fn), and
+                      .launch(script) for a user's own torchrun script on the same topology.
 """
 
 from __future__ import annotations
@@ -95,6 +96,16 @@ class Helper:
 
     def run_fn(self, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
         return self.cluster.run_fn(fn, *args, deadline=deadline or self.deadline, **kwargs)
+
+    def launch(self, script: str, args: list[str] | tuple = (), deadline: float | None = None,
+               module: bool = False, check: bool = True) -> Any:
+        """Your own torchrun script on this test's topology (simulated GPUs when the machine has too few); with
+        check=True a failed or hung launch fails the test with the whole report (tracebacks, diagnosis, groups)."""
+        from .launcher import LAUNCH_S, launch
+
+        result = launch(script, self.cluster.topology, args, deadline=deadline or self.deadline or LAUNCH_S,
+                        module=module)
+        return result.raise_for_outcome() if check else result
 
 
 @pytest.fixture

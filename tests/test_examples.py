@@ -2,24 +2,25 @@
 
 import torch
 
-from meshsim.examples import EXAMPLES, run_examples
+from meshsim.examples import EXAMPLES, SCRIPT_EXAMPLES, run_examples
 from meshsim.examples.recipe import (
     check_ddp,
     check_hsdp,
     check_three_d,
-    check_two_d_setup,
     model_groups,
 )
 
 
 def test_every_recipe_example_passes_on_a_simulated_2x4_cluster(meshsim_cluster):
     results = run_examples(meshsim_cluster)
-    assert [r.name for r in results] == list(EXAMPLES)
+    assert [r.name for r in results] == list(SCRIPT_EXAMPLES) + list(EXAMPLES)
     failed = [(r.name, r.detail) for r in results if not r.passed]
     assert not failed
     hsdp = [r for r in results if r.name.startswith("HSDP")]
     assert all(r.facts["sharded_within_host"] and r.facts["replicated_across_hosts"] for r in hsdp)
     assert all(r.facts["held_per_rank"] < r.facts["parameters"] for r in hsdp)
+    two_d = results[0]
+    assert two_d.facts == {"finding": "recipe-2d-setup-single-host", "failed_ranks": [4, 5, 6, 7]}
 
 
 def test_the_model_gives_the_recipes_groups():
@@ -28,10 +29,6 @@ def test_the_model_gives_the_recipes_groups():
 
 
 def test_group_checks_fail_when_torch_gives_other_groups():
-    ok = {"by_hand": [0, 1, 2, 3], "device_mesh": [0, 1, 2, 3], "all_reduce": [10.0, 10.0]}
-    rep = {"by_hand": [0, 4], "device_mesh": [0, 4], "all_reduce": [6.0, 6.0]}
-    values = [{"shard": dict(ok), "replicate": dict(rep)} for _ in range(8)]
-    assert not check_two_d_setup(values, 8)[0]  # ranks 1-7 should not all see rank 0's groups
     three_d = [{"hsdp[replicate]": [0, 4], "hsdp[shard]": [0, 2], "tp": [0, 1]} for _ in range(8)]
     assert not check_three_d(three_d, 8)[0]
 

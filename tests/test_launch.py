@@ -8,7 +8,7 @@ import time
 import pytest
 
 from meshsim import Topology
-from meshsim.launch import LaunchFailed, grouped_tracebacks, group_map, launch
+from meshsim.launcher import LaunchFailed, grouped_tracebacks, group_map, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "meshsim", "examples", "scripts")

@@ -27,7 +27,8 @@ def test_the_readme_has_python_scripts_pytest_examples_and_a_scenario():
 def test_every_readme_python_script_runs_as_written(tmp_path, index):
     script = tmp_path / "example.py"
     script.write_text(SCRIPTS[index])
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    # from the repository's root, as the README's set-up leaves a new user
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     if "greet" in SCRIPTS[index]:

@@ -5,6 +5,6 @@ every rank and is then checked: groups against the reference model, training aga
 training on the same data.
 """
 
-from .recipe import EXAMPLES, ExampleResult, run_examples
+from .recipe import EXAMPLES, SCRIPT_EXAMPLES, ExampleResult, run_examples
 
-__all__ = ["EXAMPLES", "ExampleResult", "run_examples"]
+__all__ = ["EXAMPLES", "SCRIPT_EXAMPLES", "ExampleResult", "run_examples"]

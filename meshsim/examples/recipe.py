@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,56 +47,35 @@ def model_groups(shape: list[int], names: list[str], world: int, slices: dict[st
 
 # --------------------------------------------------------------------------------------------- 2-D setup
 
-def rank_two_d_setup() -> dict:
-    """The recipe's 2-D setup without DeviceMesh (groups by hand), then with init_device_mesh."""
-    import os
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    rank = int(os.environ["RANK"])
-    # The recipe reads torch.cuda.device_count() on its one 8-GPU node; the simulated cluster has no GPU,
-    # and that node's device count is the world size.
-    num_node_devices = int(os.environ["WORLD_SIZE"])
-    shard_rank_lists = list(range(0, num_node_devices // 2)), list(range(num_node_devices // 2, num_node_devices))
-    shard_groups = (dist.new_group(shard_rank_lists[0]), dist.new_group(shard_rank_lists[1]))
-    current_shard_group = shard_groups[0] if rank in shard_rank_lists[0] else shard_groups[1]
-    current_replicate_group = None
-    shard_factor = len(shard_rank_lists[0])
-    for i in range(num_node_devices // 2):
-        replicate_group_ranks = list(range(i, num_node_devices, shard_factor))
-        replicate_group = dist.new_group(replicate_group_ranks)
-        if rank in replicate_group_ranks:
-            current_replicate_group = replicate_group
-
-    mesh_2d = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
-    out: dict[str, Any] = {}
-    for name, by_hand, by_mesh in (("shard", current_shard_group, mesh_2d.get_group(mesh_dim="shard")),
-                                   ("replicate", current_replicate_group, mesh_2d.get_group(mesh_dim="replicate"))):
-        sums = []
-        for group in (by_hand, by_mesh):
-            x = torch.tensor([float(rank + 1)])
-            dist.all_reduce(x, group=group)
-            sums.append(x.item())
-        out[name] = {"by_hand": dist.get_process_group_ranks(by_hand),
-                     "device_mesh": dist.get_process_group_ranks(by_mesh), "all_reduce": sums}
-    return out
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
 
-def check_two_d_setup(values: list[dict], world: int) -> tuple[bool, str, dict]:
-    expected = model_groups([2, 4], ["replicate", "shard"], world)
-    for rank, value in enumerate(values):
-        for dim in ("shard", "replicate"):
-            got = value[dim]
-            if not (got["by_hand"] == got["device_mesh"] == expected[dim][rank]):
-                return False, f"rank {rank} {dim}: by hand {got['by_hand']}, DeviceMesh {got['device_mesh']}, " \
-                              f"model {expected[dim][rank]}", {}
-            want = float(sum(r + 1 for r in expected[dim][rank]))
-            if got["all_reduce"] != [want, want]:
-                return False, f"rank {rank} {dim}: all_reduce by hand/mesh {got['all_reduce']}, expected {want}", {}
-    return True, "hand-made shard and replicate groups equal init_device_mesh's and the model's on all 8 ranks; " \
-                 "all_reduce along each agrees", {}
+def two_d_setup_as_printed(deadline: float) -> tuple[bool, str, dict]:
+    """The recipe's 2d_setup.py, unchanged (torch.cuda.device_count() and set_device(rank) included), launched
+    as torchrun would on 1 host x 8 GPUs and on 2 hosts x 4 GPUs (simulated GPUs, one host's view each)."""
+    from ..launcher import group_map, grouped_tracebacks, launch
+    from ..spec.topology import Topology
+
+    script = os.path.join(SCRIPTS, "2d_setup.py")
+    one_host = launch(script, Topology(1, 8), deadline=deadline)
+    if not one_host.passed:
+        return False, "on 1 host x 8 GPUs the recipe's script should run: " + one_host.report(), {}
+    made = sorted(sorted(ranks) for _, ranks, _, _ in group_map(one_host.record, one_host.topology)[0])
+    expected = model_groups([2, 4], ["replicate", "shard"], 8)
+    wanted = sorted({tuple(g) for dim in ("shard", "replicate") for g in expected[dim]})
+    if [tuple(g) for g in made] != wanted:
+        return False, f"on 1 host x 8 the hand-made groups {made} differ from DeviceMesh's (the model's) {wanted}", {}
+    two_hosts = launch(script, Topology(2, 4), deadline=deadline)
+    failures = grouped_tracebacks(two_hosts)
+    broke = [ranks for ranks, title, _ in failures if "invalid device ordinal" in title]
+    if two_hosts.passed or broke != [[4, 5, 6, 7]]:
+        return False, "on 2 hosts x 4 GPUs ranks 4-7 should fail at torch.cuda.set_device(rank): " + \
+            two_hosts.report(), {}
+    return True, ("finding recipe-2d-setup-single-host: on 1 host x 8 the hand-made shard and replicate groups "
+                  "equal DeviceMesh's (2, 4) groups; on 2 hosts x 4, as on real hardware, ranks 4-7 fail at "
+                  "2d_setup.py:13 torch.cuda.set_device(rank) with invalid device ordinal (each host has 4 GPUs), "
+                  "so the note that the snippet 'can also be used when running on multi hosts setup' is wrong"), \
+        {"finding": "recipe-2d-setup-single-host", "failed_ranks": broke[0]}
 
 
 # --------------------------------------------------------------------------------------------- HSDP
@@ -339,8 +319,11 @@ def check_ddp(values: list[dict], world: int) -> tuple[bool, str, dict]:
 
 # --------------------------------------------------------------------------------------------- running
 
+# Examples run in the controller: they launch the recipe's scripts themselves (meshsim launch).
+SCRIPT_EXAMPLES: dict[str, Callable[[float], tuple[bool, str, dict]]] = {
+    "2-D setup without DeviceMesh (the script as printed)": two_d_setup_as_printed,
+}
 EXAMPLES: dict[str, tuple[Callable, tuple, Callable]] = {
-    "2-D setup without DeviceMesh": (rank_two_d_setup, (), check_two_d_setup),
     "HSDP with FSDP HYBRID_SHARD": (rank_hsdp, ("fsdp1",), lambda v, w: check_hsdp(v, w, "fsdp1")),
     "HSDP with FSDP2 fully_shard": (rank_hsdp, ("fsdp2",), lambda v, w: check_hsdp(v, w, "fsdp2")),
     "3-D mesh: HSDP + TP slices": (rank_three_d, (), check_three_d),
@@ -350,7 +333,15 @@ EXAMPLES: dict[str, tuple[Callable, tuple, Callable]] = {
 
 def run_examples(cluster: Any, names: list[str] | None = None, deadline: float = EXAMPLE_S) -> list[ExampleResult]:
     results = []
+    for name in names or list(SCRIPT_EXAMPLES):
+        if name not in SCRIPT_EXAMPLES:
+            continue
+        started = time.monotonic()
+        passed, detail, facts = SCRIPT_EXAMPLES[name](deadline)
+        results.append(ExampleResult(name, passed, detail, time.monotonic() - started, facts))
     for name in names or list(EXAMPLES):
+        if name not in EXAMPLES:
+            continue
         fn, args, check = EXAMPLES[name]
         started = time.monotonic()
         run = cluster.run_fn(fn, *args, deadline=deadline)

@@ -88,6 +88,12 @@ class CallReturned(NamedTuple):
     pass
 
 
+class Batch(NamedTuple):
+    """Several progress messages in one: a plan's "call returned" rides with the message that follows it."""
+
+    events: tuple
+
+
 class FunctionBegun(NamedTuple):
     name: str
 
@@ -119,7 +125,7 @@ class ScriptDone(NamedTuple):
     group_count: int
 
 
-PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt)
+PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt, Batch)
 MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone,
             ScriptDone)
 

@@ -87,3 +87,10 @@ def test_bad_usage_is_exit_2_in_one_line_and_starts_nothing(args):
     out = meshsim_launch(*args, timeout=60)
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_ddp_as_gpu_scripts_write_it_runs_on_simulated_gpus_and_averages_gradients():
+    result = launch(os.path.join(SCRIPTS, "ddp_cuda.py"), Topology(2, 2), deadline=120)
+    assert result.passed, result.report()
+    sums = {output.strip().splitlines()[-1] for output in result.outputs}
+    assert len(sums) == 1 and next(iter(sums)).startswith("ok ")  # every rank holds the same averaged gradient

@@ -241,7 +241,11 @@ class RankSession:
 
     def run_plan(self, plan: Any, deadline_s: float) -> PlanDone:
         self.bound_waits(deadline_s)
-        observations, end, end_step = self.interpreter.run(plan)
+        self.progress.in_plan = True
+        try:
+            observations, end, end_step = self.interpreter.run(plan)
+        finally:
+            self.progress.end_plan()
         return PlanDone(observations, end, end_step, self.c10d._world.group_count)
 
     def run_function(self, payload: bytes, deadline_s: float) -> FunctionDone:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wire import DIED, FINISHED, RAISED, STUCK, CallBegun, CallReturned, FunctionBegun, MeshBuilt, StepBegun, dispatch
+from ..wire import (DIED, FINISHED, RAISED, STUCK, Batch, CallBegun, CallReturned, FunctionBegun, MeshBuilt,
+                    StepBegun, dispatch)
 
 
 @dataclass
@@ -32,7 +33,7 @@ class RankState:
 
     def __post_init__(self) -> None:
         self._handlers = {StepBegun: self._step, CallBegun: self._call, CallReturned: self._returned,
-                          MeshBuilt: self._mesh, FunctionBegun: self._function}
+                          MeshBuilt: self._mesh, FunctionBegun: self._function, Batch: self._batch}
 
     def on_event(self, event: Any) -> None:
         """Follow one progress message (meshsim.wire); any other kind is refused."""
@@ -51,6 +52,10 @@ class RankState:
         else:
             self.calls_on[event.group] = event.seq + 1
             self.call_log[(event.group, event.seq)] = (self.step, event.kind)
+
+    def _batch(self, event: Batch) -> None:
+        for inner in event.events:
+            self.on_event(inner)
 
     def _returned(self, event: CallReturned) -> None:
         self.call = None

@@ -7,7 +7,8 @@ What a script sees on a rank of host h (D = LOCAL_WORLD_SIZE):
 - device="cuda" / "cuda:i" / torch.device("cuda", i), .cuda(), .to("cuda"), module.to("cuda") / .cuda() place
   data in CPU memory (a TorchFunctionMode);
 - streams and events are synchronous (every CPU operation has completed when it returns);
-- the "nccl" backend, and the "cuda" entry of the device -> backend map, become gloo.
+- the "nccl" backend, and the "cuda" entry of the device -> backend map, become gloo;
+- DDP's device_ids / output_device are dropped (DDP takes them only for modules on real GPUs).
 
 Anything else of torch.cuda (CUDA graphs, memory statistics, custom kernels, ...) raises SimulatedGPUError naming
 the API: never a silent wrong answer.
@@ -241,9 +242,25 @@ def install(devices: int) -> None:
     accel.current_stream = lambda device=None: _Stream(device)
     dist.Backend.default_device_backend_map["cuda"] = "gloo"
     _gloo_for_nccl(dist, c10d)
+    _ddp_on_simulated_gpus()
     torch.overrides._pop_mode_temporarily  # noqa: B018 -- fail early here if torch moved its mode API
     _placement_mode().__enter__()  # for the rest of this rank's life
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(devices)))
+
+
+def _ddp_on_simulated_gpus() -> None:
+    """DDP(module, device_ids=[i], output_device=i) as GPU scripts write it: the module lives in CPU memory
+    here, and DDP takes device ids only for modules on GPUs, so they are dropped."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
+             **kwargs: Any) -> None:
+        original(self, module, None, None, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = init
 
 
 def _gloo_for_nccl(dist: Any, c10d: Any) -> None:

@@ -175,8 +175,8 @@ def test_the_diagnosis_headline_names_the_group_the_culprit_is_missing_from_not_
             dist.all_reduce(torch.ones(1), group=mesh.get_group("tp"))
         dist.all_reduce(torch.ones(1), group=mesh.get_group("dp"))
 
-    run = meshsim_cluster.run_fn(skip_on_five, deadline=2)
-    assert run.diagnosis.culprits == [5]
+    run = meshsim_cluster.run_fn(skip_on_five, deadline=5)  # room for the mesh on a loaded CI machine
+    assert run.diagnosis.culprits == [5], run.diagnosis.summary
     headline = run.diagnosis.summary
     assert "on group [4, 5, 6, 7]" in headline and "dim 'tp'" in headline and "missing: 5" in headline, headline
 

@@ -20,11 +20,6 @@ import functools
 import os
 from typing import Any
 
-SIMULATED = ("is_available", "device_count", "set_device", "current_device", "synchronize", "get_device_name",
-             "get_device_properties", "get_device_capability", "Stream", "Event", "stream", "current_stream",
-             "default_stream", "device", "is_initialized", "init", "manual_seed", "manual_seed_all", "seed",
-             "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
-             "set_rng_state_all", "empty_cache", "is_bf16_supported", "get_arch_list", "StreamContext")
 REFUSED = ("graph", "CUDAGraph", "graphs", "make_graphed_callables", "memory_allocated", "max_memory_allocated",
            "memory_reserved", "max_memory_reserved", "memory_stats", "memory_summary", "mem_get_info",
            "reset_peak_memory_stats", "caching_allocator_alloc", "nvtx", "jiterator", "_sleep", "ipc_collect",
@@ -243,7 +238,6 @@ def install(devices: int) -> None:
     dist.Backend.default_device_backend_map["cuda"] = "gloo"
     _gloo_for_nccl(dist, c10d)
     _ddp_on_simulated_gpus()
-    torch.overrides._pop_mode_temporarily  # noqa: B018 -- fail early here if torch moved its mode API
     _placement_mode().__enter__()  # for the rest of this rank's life
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(devices)))
 

@@ -8,6 +8,7 @@ or wait without end.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 from ..deadlines import MAX_S
@@ -21,6 +22,7 @@ MAX_NUMEL = 1 << 20  # elements of a collective's tensor: enough to see a size m
 MAX_MESH_NUMEL = 1 << 20  # a mesh asked for on purpose beyond the world (expect_error) stays this small
 MAX_DEPTH = 8  # nesting of a layout: DeviceMesh meshes have at most a handful of dims
 MAX_INT = 1 << 31
+_REF = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\.(\d{1,6}))?")  # a handle, or h.N for an all_submeshes list
 
 # What an op leaves behind under its `out` handle.
 PRODUCES_MESH = "mesh"
@@ -77,11 +79,9 @@ class Context:
             self.rank(what, rank)
 
     def ref(self, where: str, ref: Any, allowed: tuple[str, ...]) -> None:
-        import re
-
         if not isinstance(ref, str):
             raise PlanError(f"{where} must be a handle name, got {ref!r}")
-        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\.(\d{1,6}))?", ref)
+        match = _REF.fullmatch(ref)
         if not match or match.group(1) not in self.handles:
             known = ", ".join(sorted(self.handles)) or "none yet"
             raise PlanError(f"unknown handle {ref!r} (defined so far: {known})")

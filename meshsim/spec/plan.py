@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 import tomli_w
 import tomllib
 
-from .fields import Context, PlanError, flatten_layout, is_int, layout_shape
+from .fields import Context, PlanError, flatten_layout, layout_shape
 
 __all__ = ["Plan", "Step", "PlanError", "step", "validate", "flatten_layout", "layout_shape", "restrict_view"]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from itertools import product
+from typing import Any, Callable
 
 Mode = tuple[int, int]
 Dim = tuple[Mode, ...]
@@ -38,15 +39,18 @@ def canonical(modes: tuple[Mode, ...] | list[Mode]) -> Dim:
     return tuple((s, d) for s, d in reversed(out))
 
 
+@lru_cache(maxsize=1024)
 def row_major(shape: tuple[int, ...]) -> Layout:
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
     return tuple(canonical(((s, d),)) for s, d in zip(shape, strides))
 
 
+@lru_cache(maxsize=4096)
 def size_of(dim: Dim) -> int:
     return math.prod(s for s, _ in dim)
 
 
+@lru_cache(maxsize=4096)
 def sizes_of(layout: Layout) -> tuple[int, ...]:
     return tuple(size_of(d) for d in layout)
 
@@ -157,3 +161,103 @@ def split(dim: Dim, sizes: tuple[int, ...]) -> Layout:
         if pos[flat] != sum(part[c] for part, c in zip(parts, coord)):
             raise LayoutError(f"dimension {dim} cannot be split into {sizes}")
     return tuple(modes_from_positions(part) for part in parts)
+
+
+# ------------------------------------------------------------------ shared by every rank of a world
+#
+# Every rank of a world asks the same questions of the same (layout, rank map): which replicas, which groups,
+# where am I. Answering each rank from scratch is O(world) per rank, O(world^2) in all (31 s at 4,096 ranks);
+# answering once and indexing by rank keeps the model linear (meshsim's model tier predicts 100,000 ranks).
+# Rank maps are large tuples whose hash costs O(world) each time, so they are keyed by identity (the model
+# passes a root's rank map on to everything derived from it) and kept alive with the entry.
+
+_SHARED: dict[tuple, tuple[tuple[int, ...], object]] = {}
+_SHARED_LIMIT = 512
+
+
+def forget_shared() -> None:
+    """Drop what the last prediction shared (a new plan's rank maps are new objects)."""
+    _SHARED.clear()
+
+
+def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callable[[], Any]) -> object:
+    key = (kind, layout, id(rank_map))
+    hit = _SHARED.get(key)
+    if hit is not None and hit[0] is rank_map:
+        return hit[1]
+    if len(_SHARED) >= _SHARED_LIMIT:
+        _SHARED.clear()
+    value = build()
+    _SHARED[key] = (rank_map, value)
+    return value
+
+
+def shared_replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """replicas(), computed once per (layout, rank map)."""
+    return _shared("replicas", layout, rank_map, lambda: replicas(layout, rank_map))
+
+
+def shared_dim_groups(dim: Dim, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
+    return shared_replicas((dim,), rank_map)
+
+
+def placements(layout: Layout, rank_map: tuple[int, ...]) -> dict[int, list[tuple[int, int]]]:
+    """rank -> [(replica index, flat index within it)], every occurrence."""
+    def build() -> dict[int, list[tuple[int, int]]]:
+        found: dict[int, list[tuple[int, int]]] = {}
+        for rep_index, rep in enumerate(shared_replicas(layout, rank_map)):
+            for flat, r in enumerate(rep):
+                found.setdefault(r, []).append((rep_index, flat))
+        return found
+
+    return _shared("placements", layout, rank_map, build)
+
+
+def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> list:
+    """One replica as nested lists, the same object for every rank that sees it."""
+    def build() -> list:
+        return nest(shared_replicas(layout, rank_map)[replica], sizes_of(layout))
+
+    return _shared(f"view{replica}", layout, rank_map, build)
+
+
+@lru_cache(maxsize=64)
+def identity_map(n: int) -> tuple[int, ...]:
+    """init_device_mesh's rank map, one object per size (see _shared)."""
+    return tuple(range(n))
+
+
+def interned(source: object, build: Callable[[], tuple[int, ...]]) -> tuple[int, ...]:
+    """The rank map a plan's argument `source` describes, one object for every rank that reads it."""
+    return _shared("interned", (), source, build)  # type: ignore[arg-type]
+
+
+
+class DimInfo:
+    """The groups along one dim of a rank map, as DeviceMesh creates them, shared by every rank."""
+
+    def __init__(self, dim: Dim, rank_map: tuple[int, ...], world: int):
+        self.groups = shared_dim_groups(dim, rank_map)  # in mesh order
+        self.spans_world = len(self.groups[0]) == world
+        self.sorted = [tuple(sorted(g)) for g in self.groups]  # torch's group-rank order
+        self.members: dict[int, list[int]] = {}  # rank -> indexes of its groups (several: a repeated rank)
+        for index, ranks in enumerate(self.groups):
+            for r in set(ranks):
+                self.members.setdefault(r, []).append(index)
+        self.first_invalid = _first_invalid(self.sorted, world)  # (index, message): where new_group raises
+
+
+def _first_invalid(groups: list[tuple[int, ...]], world: int) -> tuple[int, str] | None:
+    for index, ranks in enumerate(groups):
+        if len(set(ranks)) != len(ranks):
+            return index, "ranks list must not contain duplicate entries"
+        if len(ranks) > world:
+            return index, "the new group's world size should be less or equal"
+        bad = [r for r in ranks if r < 0 or r >= world]
+        if bad:
+            return index, f"Rank {bad[0]} is out of range"
+    return None
+
+
+def dim_info(dim: Dim, rank_map: tuple[int, ...], world: int) -> DimInfo:
+    return _shared(f"dim{world}", (dim,), rank_map, lambda: DimInfo(dim, rank_map, world))  # type: ignore[return-value]

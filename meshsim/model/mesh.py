@@ -86,7 +86,7 @@ class RankModel:
         self.seq: dict[tuple, int] = {}
         self.step = -1
         self.findings: set[str] = set()
-        self.world_group = Group(WORLD_KEY, tuple(range(world)), tuple(range(world)))
+        self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world))
 
     # ------------------------------------------------------------------ groups and calls
 
@@ -100,13 +100,18 @@ class RankModel:
         for r in ranks_sorted:
             if r < 0 or r >= self.world:
                 raise ModelRaise(Err("ValueError", f"Rank {r} is out of range"))
-        name = self.group_counter
-        self.group_counter += 1
         if self.rank not in ranks_sorted:
+            self.group_counter += 1
             return None
-        key = (name, tuple(ranks_sorted))
-        self.calls.append(Call("create", key, tuple(ranks_sorted), self.step))
-        return Group(key, tuple(ranks_sorted), tuple(order) if order is not None else tuple(ranks_sorted))
+        members = tuple(ranks_sorted)
+        return self._create(members, tuple(order) if order is not None else members)
+
+    def _create(self, members: tuple[int, ...], order: tuple[int, ...]) -> Group:
+        """A valid group this rank is a member of (members sorted): the next name, and a blocking call."""
+        key = (self.group_counter, members)
+        self.group_counter += 1
+        self.calls.append(Call("create", key, members, self.step))
+        return Group(key, members, order)
 
     def collective(self, op: str, group: Group, detail: tuple = ()) -> None:
         n = self.seq.get(group.key, 0)
@@ -127,17 +132,28 @@ class RankModel:
         return present
 
     def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...]) -> Group | None:
-        if L.size_of(dim) == self.world:
+        """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
+        mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
+        groups, and the first invalid group, where new_group raises); the others only advance the counter."""
+        info = L.dim_info(dim, rank_map, self.world)
+        if info.spans_world:
             # A dim spanning the world reuses the default group (whatever order the mesh gives it).
-            order = L.dim_groups(dim, rank_map)[0]
-            return Group(WORLD_KEY, self.world_group.ranks, order)
+            return Group(WORLD_KEY, self.world_group.ranks, info.groups[0])
+        start = self.group_counter
+        bad = info.first_invalid
         mine = None
-        for ranks in L.dim_groups(dim, rank_map):
-            group = self.new_group(list(ranks), order=ranks)
-            if group is not None:
-                if mine is not None:
-                    raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
-                mine = group
+        for index in info.members.get(self.rank, ()):
+            if bad is not None and index >= bad[0]:
+                break
+            self.group_counter = start + index
+            group = self._create(info.sorted[index], info.groups[index])
+            if mine is not None:
+                raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
+            mine = group
+        if bad is not None:
+            self.group_counter = start + bad[0]
+            raise ModelRaise(Err("ValueError", bad[1]))
+        self.group_counter = start + len(info.groups)
         return mine
 
     # ------------------------------------------------------------------ construction
@@ -151,25 +167,30 @@ class RankModel:
             if numel > self.world:
                 raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
             mesh.groups = self._init_process_groups(layout, rank_map, mesh.names)
-        mesh.view = self._view(layout, rank_map)
+        mesh.view, mesh.coordinate = self._placed(layout, rank_map)
         if isinstance(mesh.view, Err):
             raise ModelRaise(mesh.view)  # __init__ reads the mesh property to find this rank's coordinate
-        mesh.coordinate = _find(mesh.view, self.rank, L.sizes_of(layout))
         return mesh
 
-    def _view(self, layout: L.Layout, rank_map: tuple[int, ...]) -> Any:
-        """The `mesh` property: the replica holding this rank (or the only one)."""
+    def _placed(self, layout: L.Layout, rank_map: tuple[int, ...]) -> tuple[Any, tuple[int, ...] | None]:
+        """The `mesh` property (the replica holding this rank, or the only one) and this rank's coordinate."""
         try:
-            reps = L.replicas(layout, rank_map)
+            reps = L.shared_replicas(layout, rank_map)
         except L.LayoutError as exc:
-            return Err("RuntimeError", str(exc))
+            return Err("RuntimeError", str(exc)), None
         shape = L.sizes_of(layout)
+        spots = L.placements(layout, rank_map).get(self.rank, [])
         if len(reps) == 1:
-            return L.nest(reps[0], shape)
-        for rep in reps:
-            if self.rank in rep:
-                return L.nest(rep, shape)
-        return Err("RuntimeError", "In order to get the mesh Tensor of a DeviceMesh it needs to")
+            replica = 0
+        elif spots:
+            replica = spots[0][0]
+        else:
+            return Err("RuntimeError", "In order to get the mesh Tensor of a DeviceMesh it needs to"), None
+        here = [flat for rep, flat in spots if rep == replica]
+        if len(here) > 1:
+            raise ModelRaise(Err("AssertionError", "rank_coords.size(0) must be 0 or 1"))
+        view = L.shared_view(layout, rank_map, replica)
+        return view, (_unravel(here[0], shape) if here else None)
 
     def init_device_mesh(self, shape: list[int], names: list[str] | None) -> MeshModel:
         if names is not None:
@@ -178,13 +199,14 @@ class RankModel:
             if len(shape) != len(names):
                 raise ModelRaise(Err("RuntimeError", "mesh_shape and mesh_dim_names should have same length"))
         layout = L.row_major(tuple(shape))
-        return self.construct(layout, tuple(range(math.prod(shape))), tuple(names) if names else None, None, True)
+        return self.construct(layout, L.identity_map(math.prod(shape)), tuple(names) if names else None, None, True)
 
     def explicit(self, ranks_flat: list[int], shape: tuple[int, ...], names: list[str] | None,
                  init_backend: bool = True) -> MeshModel:
         """DeviceMesh(device_type, mesh=<nested ranks>)."""
         names_t = tuple(names) if names else None
-        repeated = len(set(ranks_flat)) != len(ranks_flat)
+        ranks_flat = tuple(ranks_flat)
+        repeated = L._shared("repeated", (), ranks_flat, lambda: len(set(ranks_flat)) != len(ranks_flat))
         bad_names = names_t is not None and (len(set(names_t)) != len(names_t) or len(names_t) != len(shape))
         if not (repeated or bad_names):
             return self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend)
@@ -322,7 +344,7 @@ class RankModel:
         if one_d:
             group = groups[0]
             ranks = list(group.ranks)
-            if layout_flat is not None and (shape != (len(layout_flat),) or layout_flat != ranks):
+            if layout_flat is not None and (shape != (len(layout_flat),) or tuple(layout_flat) != group.ranks):
                 raise ModelRaise(Err("ValueError", "Invalid mesh"))
             mesh = self.construct(L.row_major((len(ranks),)), tuple(ranks), names_t, None, False)
             mesh.groups = [group]
@@ -340,7 +362,7 @@ class RankModel:
     def all_submeshes(self, mesh: MeshModel, name: str) -> list[MeshModel]:
         index = self.dim_by_name(mesh, name)
         out = []
-        for ranks in L.dim_groups(mesh.layout[index], mesh.rank_map):
+        for ranks in L.shared_dim_groups(mesh.layout[index], mesh.rank_map):
             sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False)
             sub.groups = [mesh.groups[index]] if self.rank in ranks else []
             out.append(sub)
@@ -441,22 +463,7 @@ def _index(seq: Any, index: int, message: str = "list index out of range") -> An
         raise ModelRaise(Err("TypeError", "indices must be integers")) from None
 
 
-def _find(view: Any, rank: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    flat: list[int] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, list):
-            for x in v:
-                walk(x)
-        else:
-            flat.append(v)
-
-    walk(view)
-    if flat.count(rank) > 1:
-        raise ModelRaise(Err("AssertionError", "rank_coords.size(0) must be 0 or 1"))
-    if rank not in flat:
-        return None
-    index = flat.index(rank)
+def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     coord = []
     for size in reversed(shape):
         coord.append(index % size)

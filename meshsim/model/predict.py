@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from ..outcome import ERROR, PASS, UNDEFINED, blame, divergent_ranks, outcome_of
 from ..spec.plan import Plan, Step
 from ..wire import DIED, FINISHED, SKIPPED
 from .expect import Err, ModelRaise, Quirk
+from . import layout as L
 from .mesh import Call, Group, MeshModel, RankModel
 
 # Meshes torch accepts although it should refuse them; what follows derails.
@@ -52,7 +55,9 @@ class Prediction:
 
 
 def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction:
-    ranks = [_run_rank(plan, rank, world) for rank in range(world)]
+    L.forget_shared()
+    with _no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
+        ranks = [_run_rank(plan, rank, world) for rank in range(world)]
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
@@ -97,6 +102,17 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
         prediction.undefined_from, prediction.undefined_finding = collision, "group-name-collision"
         prediction.outcome = Quirk(outcome, UNDEFINED, "group-name-collision")
     return prediction
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def unpredictable(plan: Plan, world: int, exc: BaseException) -> Prediction:
@@ -229,34 +245,42 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
 
     A call completes when every member of its group is at the same call (same group, same position in
     that group's sequence, same op). Members of an all_reduce that disagree only on the tensor size
-    complete it anyway (gloo does not check) and are reported as mismatched.
+    complete it anyway (gloo does not check) and are reported as mismatched. Event-driven: each rank
+    arrives at its next call once, so the whole world costs one pass over all calls.
     """
     pos = [0] * len(preds)
     mismatched: list[tuple[Call, tuple[int, ...]]] = []
+    waiting: dict[tuple, list[int]] = {}
+    ready = list(range(len(preds)))
+    while ready:
+        rank = ready.pop()
+        calls = preds[rank].calls
+        if pos[rank] >= len(calls):
+            continue
+        call = calls[pos[rank]]
+        arrived = waiting.setdefault(call.key, [])
+        arrived.append(rank)
+        if len(arrived) < len(call.members):
+            continue
+        at = [preds[m].calls[pos[m]] for m in arrived]
+        if any(c.kind != call.kind for c in at):
+            continue
+        if call.kind != "all_reduce" and any(c.detail != call.detail for c in at):
+            continue
+        del waiting[call.key]
+        if call.kind == "all_reduce":
+            usual = Counter(c.detail for c in at).most_common(1)[0][0]  # the majority's size is the norm
+            odd = tuple(sorted(m for m, c in zip(arrived, at) if c.detail != usual))
+            if odd:
+                mismatched.append((preds[min(arrived)].calls[pos[min(arrived)]], odd))
+        for m in arrived:
+            pos[m] += 1
+        ready.extend(arrived)
 
     def current(rank: int) -> Call | None:
         calls = preds[rank].calls
         return calls[pos[rank]] if pos[rank] < len(calls) else None
 
-    progress = True
-    while progress:
-        progress = False
-        for rank in range(len(preds)):
-            call = current(rank)
-            if call is None:
-                continue
-            at = [current(m) for m in call.members]
-            if not all(c is not None and c.key == call.key and c.kind == call.kind for c in at):
-                continue
-            if call.kind != "all_reduce" and any(c.detail != call.detail for c in at):
-                continue
-            usual = Counter(c.detail for c in at).most_common(1)[0][0]  # the majority's size is the norm
-            odd = tuple(m for m, c in zip(call.members, at) if c.detail != usual)
-            if odd:
-                mismatched.append((call, odd))
-            for m in call.members:
-                pos[m] += 1
-            progress = True
     stuck = []
     for rank in range(len(preds)):
         call = current(rank)

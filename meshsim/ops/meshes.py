@@ -105,7 +105,10 @@ class ExplicitMesh:
     """DeviceMesh(device, layout, mesh_dim_names=names): explicit ranks, any order, any subset"""
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.explicit(flatten_layout(a["layout"]), layout_shape(a["layout"]) or (), a.get("names"))
+        from ..model.layout import interned
+
+        flat = interned(a["layout"], lambda: tuple(flatten_layout(a["layout"])))
+        return run.model.explicit(flat, layout_shape(a["layout"]) or (), a.get("names"))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.device_mesh import DeviceMesh
@@ -242,9 +245,11 @@ class FromGroup:
     def model(run: Any, a: dict) -> Any:
         from ..model.expect import Err, ModelRaise
 
+        from ..model.layout import interned
+
         model = run.model
         layout = a.get("layout")
-        flat = flatten_layout(layout) if layout is not None else None
+        flat = interned(layout, lambda: tuple(flatten_layout(layout))) if layout is not None else None
         shape = layout_shape(layout) if layout is not None else None
         if "group" in a:
             group = run.resolve(a["group"])

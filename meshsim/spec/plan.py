@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import re
@@ -34,9 +36,7 @@ class Step:
     @property
     def operation(self) -> Any:
         """This step's definition (meshsim.ops)."""
-        from ..ops import OPERATIONS
-
-        return OPERATIONS[self.op]
+        return _operations()[self.op]
 
     def runs_on(self, rank: int) -> bool:
         if rank in self.skip_on:
@@ -94,6 +94,13 @@ class Step:
 
 def _short(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if not isinstance(value, str) else repr(value)
+
+
+@functools.lru_cache(maxsize=1)
+def _operations() -> Any:
+    from ..ops import OPERATIONS  # the registry imports this module: look it up when first asked
+
+    return OPERATIONS
 
 
 def step(op: str, **kwargs: Any) -> Step:

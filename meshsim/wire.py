@@ -18,6 +18,21 @@ INJECTED = "MeshsimInjectedError"  # type name of the exception a `raise` step t
 FINISHED, RAISED, DIED, STUCK = "finished", "raised", "died", "stuck"
 
 
+# A collective on the fake tier: torch's fake process group moves no data, so there is no result to check.
+UNMOVED = {"unmoved": "the fake process group moves no data"}
+
+
+def digest_ints(flat: bytes, shape: list[int]) -> dict:
+    """A large mesh view, as a digest: `flat` is its ranks as little-endian int64, row-major."""
+    import hashlib
+
+    return {"digest": hashlib.blake2b(flat, digest_size=12).hexdigest(), "shape": list(shape)}
+
+
+def is_digest(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"digest", "shape"}
+
+
 def error_value(exc: BaseException) -> dict:
     """An exception as an observation: {"error": [type name, message]}."""
     message = str(exc.args[0]) if len(exc.args) == 1 else " ".join(str(a) for a in exc.args)
@@ -132,6 +147,19 @@ MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, 
 
 class WireError(RuntimeError):
     """A message of a kind this side does not know."""
+
+
+class FromRank(NamedTuple):
+    """A message of one rank, where one process hosts many (the thread and fake tiers)."""
+
+    rank: int
+    message: Any
+
+
+class RankDied(NamedTuple):
+    """A rank that is a thread or a loop iteration ended as a process would have died (an exit/kill fault)."""
+
+    exitcode: int
 
 
 def dispatch(message: Any, handlers: dict[type, Callable[[Any], Any]]) -> Any:

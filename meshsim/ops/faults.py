@@ -70,9 +70,7 @@ class Exit:
         return None
 
     def torch(ex: Any, a: dict) -> Any:
-        import os
-
-        os._exit(int(a.get("code", 1)))
+        ex.exit(int(a.get("code", 1)))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool) -> Any:
@@ -88,10 +86,7 @@ class Kill:
         return None
 
     def torch(ex: Any, a: dict) -> Any:
-        import os
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
+        ex.kill()
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool) -> Any:

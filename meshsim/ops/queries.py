@@ -30,10 +30,11 @@ def _torch_attempt(fn: Any, *args: Any) -> Any:
         return error_value(exc)
 
 
-def mesh_summary(mesh: Any) -> dict:
-    """The cheap facts every mesh-producing step records, of a torch DeviceMesh."""
+def mesh_summary(mesh: Any, view_of: Any = None) -> dict:
+    """The cheap facts every mesh-producing step records, of a torch DeviceMesh (`view_of`: how the executor
+    observes the mesh tensor; a plain list unless it is too large to ship)."""
     try:
-        view: Any = mesh.mesh.tolist()
+        view: Any = view_of(mesh) if view_of is not None else mesh.mesh.tolist()
     except Exception as exc:
         view = error_value(exc)
     return {"shape": list(mesh.shape), "ndim": mesh.ndim,
@@ -90,7 +91,7 @@ class Query:
         if what == "ndim":
             return mesh.ndim
         if what == "mesh":
-            return mesh.mesh.tolist()
+            return ex.view_of(mesh)
         return list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
 
     @st.composite
@@ -160,7 +161,7 @@ class Check:
 
         handle = a["mesh"]
         mesh = ex.mesh(handle)
-        obs = dict(mesh_summary(mesh), size=mesh.size(), dims=[])
+        obs = dict(mesh_summary(mesh, ex.view_of), size=mesh.size(), dims=[])
         names = mesh.mesh_dim_names
         for index in range(mesh.ndim):
             entry: dict[str, Any] = {"size": mesh.size(index)}

@@ -91,13 +91,14 @@ class Generation:
     lifeline: Connection | None = None  # write end; when it closes, every worker of this generation exits
     reaper: Any = None  # kills the workers' process groups if the controller dies (meshsim.run.reaper)
 
-    def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float, reaper: Any = None) -> None:
+    def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float, reaper: Any = None,
+              target: Any = worker_main) -> None:
         self.reaper = reaper
         reader, self.lifeline = ctx.Pipe(duplex=False)
         try:
             for spec in specs:
                 parent, child = ctx.Pipe()
-                process = ctx.Process(target=worker_main, args=(spec, child, reader), daemon=True,
+                process = ctx.Process(target=target, args=(spec, child, reader), daemon=True,
                                       name=f"meshsim-rank{spec.rank}")
                 ignore_interrupts_while(process.start)  # the forkserver starts here the first time
                 child.close()

@@ -7,6 +7,8 @@ plan steps meet it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -56,8 +58,6 @@ class Interpreter:
         """
         import torch.distributed.distributed_c10d as c10d
 
-        from .progress import forget_groups
-
         for value in list(self.handles.values()):
             for mesh in value if isinstance(value, list) else [value]:
                 if isinstance(mesh, DeviceMesh):
@@ -71,7 +71,7 @@ class Interpreter:
                     dist.destroy_process_group(pg)
                 except Exception:
                     pass
-        forget_groups()
+        self.progress.forget_groups()
         c10d._world.group_count = next_group_count
 
     def run(self, plan: Plan) -> tuple[list[Any], str, int | None]:
@@ -105,12 +105,26 @@ class Interpreter:
 
     def observe(self, value: Any) -> Any:
         if isinstance(value, DeviceMesh):
-            return mesh_summary(value)
+            return mesh_summary(value, self.view_of)
         if isinstance(value, list) and value and isinstance(value[0], DeviceMesh):
-            return [mesh_summary(m) for m in value]
+            return [mesh_summary(m, self.view_of) for m in value]
         if isinstance(value, dist.ProcessGroup):
             return {"ranks": dist.get_process_group_ranks(value), "group_rank": dist.get_rank(value)}
         return value
+
+    # ------------------------------------------------------------------ what a tier does its own way
+
+    def view_of(self, mesh: DeviceMesh) -> Any:
+        """The `mesh` property as an observation."""
+        return mesh.mesh.tolist()
+
+    def exit(self, code: int) -> None:
+        """An `exit` fault: the rank's process ends."""
+        os._exit(code)
+
+    def kill(self) -> None:
+        """A `kill` fault: SIGKILL, no goodbyes."""
+        os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ handles
 

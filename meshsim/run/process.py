@@ -16,9 +16,9 @@ from typing import Any, Callable
 from .. import deadlines
 from ..outcome import PASS
 from ..spec.topology import Topology
-from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, ScriptDone, Teardown
+from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, RankDied, ScriptDone, Teardown
 from .generation import PRELOAD, ClusterError, Generation, SetupError
-from .rank import WorkerSpec
+from .rank import WorkerSpec, worker_main
 from .reaper import Reaper
 from .record import RankState, RunRecord
 
@@ -51,14 +51,18 @@ class Cluster:
     ...     result = cluster.run(plan)
     """
 
+    tier = "process"
+    max_world = MAX_PROCESS_WORLD
+    worker_target = staticmethod(worker_main)
+
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
                  echo: Callable[[int, str], None] | None = None):
-        if topology.world > MAX_PROCESS_WORLD:
-            raise ClusterError(f"{topology} is {topology.world} ranks; a local cluster runs one process per rank, "
-                               f"at most {MAX_PROCESS_WORLD} (the model alone answers for larger worlds: "
-                               "`meshsim explain`)")
+        if topology.world > self.max_world:
+            raise ClusterError(f"{topology} is {topology.world} ranks; the {self.tier} tier runs at most "
+                               f"{self.max_world} (larger worlds: --tier thread up to 1,024, fake up to 16,384 "
+                               "and more, model for layouts alone)")
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
         self.backend = resolve_backend(backend, topology.world)
@@ -121,19 +125,26 @@ class Cluster:
             raise
         return self
 
-    def _new_generation(self) -> Generation:
-        self.generations_started += 1
-        number = self.generations_started
-        specs = [
+    def _worker_specs(self, number: int) -> list[WorkerSpec]:
+        return [
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
                        self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
                        os.path.join(self._tmp.name, f"output-{number}-{rank}"), self.start_timeout, self.script,
                        self.simulated_gpus)
             for rank in range(self.world)
         ]
+
+    def _after_start(self, generation: Generation) -> None:
+        """What a tier reads from its workers once they are ready."""
+
+    def _new_generation(self) -> Generation:
+        self.generations_started += 1
+        number = self.generations_started
         generation = Generation(number)
         self.generation = generation
-        generation.start(self._ctx, specs, self.start_timeout, self._reaper)
+        generation.start(self._ctx, self._worker_specs(number), self.start_timeout, self._reaper,
+                         target=self.worker_target)
+        self._after_start(generation)
         if self.setup is not None:
             self._run_setup()
         return generation
@@ -208,7 +219,7 @@ class Cluster:
         for worker in generation.workers:
             record.states[worker.rank].output = worker.new_output()
         if record.timed_out or record.died:
-            record.stacks = generation.stacks(record.stuck)
+            record.stacks = self._stacks(generation, record.stuck)
             self.restart()
             if not self._in_setup:  # a failed setup is final: no fresh generation would do better
                 try:
@@ -267,6 +278,47 @@ class Cluster:
             states[rank].end = STUCK
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
 
+    def _stacks(self, generation: Generation, ranks: list[int]) -> dict[int, str]:
+        return generation.stacks(ranks)
+
+    def _follow_tagged(self, generation: Generation, started: float, deadline: float) -> RunRecord:
+        """_follow for one worker process that hosts every rank and tags each message with its rank."""
+        host = generation.workers[0]
+        states = [RankState(rank) for rank in range(self.world)]
+        pending = set(range(self.world))
+        hard = started + deadline
+        first_death: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(host.conn, selectors.EVENT_READ)
+            selector.register(host.process.sentinel, selectors.EVENT_READ)
+            while pending:
+                limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
+                left = limit - time.monotonic()
+                if left <= 0:
+                    break
+                if not selector.select(timeout=left):
+                    continue
+                try:
+                    while pending and host.readable():
+                        tagged = host.conn.recv()
+                        state = states[tagged.rank]
+                        if isinstance(tagged.message, RankDied):
+                            state.end, state.exitcode = DIED, tagged.message.exitcode
+                            first_death = first_death or time.monotonic()
+                            pending.discard(tagged.rank)
+                        elif absorb(state, tagged.message):
+                            pending.discard(tagged.rank)
+                except (EOFError, OSError):
+                    pass
+                if not host.alive:
+                    host.process.join(0.5)
+                    for rank in pending:
+                        states[rank].end, states[rank].exitcode = DIED, host.process.exitcode
+                    pending.clear()
+        for rank in pending:
+            states[rank].end = STUCK
+        return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
+
     def _echo(self, generation: Generation) -> None:
         for worker in generation.workers:
             text = worker.new_output(limit=None)
@@ -278,18 +330,8 @@ class Cluster:
         """Read what the worker sent: 'result' once its result is in, 'eof' if it is gone, else 'more'."""
         try:
             while worker.readable():
-                message = worker.conn.recv()
-                if isinstance(message, PlanDone):
-                    state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
-                elif isinstance(message, FunctionDone):
-                    state.value, state.end = message.value, FINISHED if message.ok else RAISED
-                elif isinstance(message, ScriptDone):
-                    state.value, state.end = message, FINISHED if message.exit_code == 0 else RAISED
-                else:
-                    state.on_event(message)  # progress; any other kind is refused there
-                    continue
-                state.group_count, state.done = message.group_count, True
-                return "result"
+                if absorb(state, worker.conn.recv()):
+                    return "result"
         except (EOFError, OSError):
             return "eof"
         return "more"
@@ -299,6 +341,21 @@ class Cluster:
         from ..functions import run_function
 
         return run_function(self, fn, args, kwargs, deadline)
+
+
+def absorb(state: RankState, message: Any) -> bool:
+    """Take one message of a rank into its state; True once it is the rank's result."""
+    if isinstance(message, PlanDone):
+        state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
+    elif isinstance(message, FunctionDone):
+        state.value, state.end = message.value, FINISHED if message.ok else RAISED
+    elif isinstance(message, ScriptDone):
+        state.value, state.end = message, FINISHED if message.exit_code == 0 else RAISED
+    else:
+        state.on_event(message)  # progress; any other kind is refused there
+        return False
+    state.group_count, state.done = message.group_count, True
+    return True
 
 
 def _call_by_name(target: str) -> None:

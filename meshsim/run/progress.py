@@ -32,6 +32,13 @@ class Progress:
         self.in_plan = False  # inside a plan every blocking call is announced: "returned" can wait for the next
         self._returned = False
         self.seq: dict[str, int] = {}
+        self.group_info: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, name)
+        self.mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
+
+    def forget_groups(self) -> None:
+        """Drop cached group descriptions (ids of destroyed groups get reused)."""
+        self.group_info.clear()
+        self.mesh_dims.clear()
 
     def emit(self, event: Any) -> None:
         with self._lock:
@@ -43,7 +50,7 @@ class Progress:
     def call(self, kind: str, ranks: tuple[int, ...], group: str) -> None:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
-        self.emit(CallBegun(kind, ranks, group, n, self.context or _mesh_dims.get(group)))
+        self.emit(CallBegun(kind, ranks, group, n, self.context or self.mesh_dims.get(group)))
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
         self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
@@ -61,15 +68,18 @@ class Progress:
         self.in_plan = self._returned = False
 
 
-_installed: Progress | None = None
-_group_info: dict[int, tuple[tuple[int, ...], str]] = {}
-_mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
+_default: Progress | None = None  # the process's rank
+_local = threading.local()  # a thread's rank, where ranks are threads (meshsim.run.threads)
 
 
-def forget_groups() -> None:
-    """Drop cached group descriptions (ids of destroyed groups get reused)."""
-    _group_info.clear()
-    _mesh_dims.clear()
+def current() -> Progress | None:
+    """The progress of the rank running on this thread."""
+    return getattr(_local, "progress", None) or _default
+
+
+def bind_thread(progress: Progress) -> None:
+    """This thread is a rank of its own: its calls report to `progress` (install() must have run)."""
+    _local.progress = progress
 
 
 def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
@@ -84,25 +94,25 @@ def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
     if coordinate is not None and isinstance(index, int) and -len(coordinate) <= index < len(coordinate):
         pattern = list(coordinate)
         pattern[index] = "*"
-    _mesh_dims[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
+    current().mesh_dims[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
 
 
 def install(progress: Progress) -> None:
     """Route every torch.distributed collective and group creation in this process through `progress`."""
-    global _installed
+    global _default
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    if _installed is not None:
-        _installed = progress
+    if _default is not None:
+        _default = progress
         return
-    _installed = progress
-    group_info = _group_info
+    _default = progress
 
     def describe(group: Any) -> tuple[tuple[int, ...], str]:
         if group is None or group is c10d.GroupMember.WORLD:
             group = c10d._get_default_group()
         key = id(group)
+        group_info = current().group_info
         info = group_info.get(key)
         if info is None:
             try:
@@ -126,11 +136,12 @@ def install(progress: Progress) -> None:
     @functools.wraps(original_new)
     def new_group_with_tag(ranks=None, *args, **kwargs):
         members = tuple(sorted(ranks)) if ranks is not None else tuple(range(c10d.get_world_size()))
-        _installed.creating(members, str(c10d._world.group_count), kwargs.get("group_desc"))
+        progress = current()
+        progress.creating(members, str(c10d._world.group_count), kwargs.get("group_desc"))
         try:
             return original_new(ranks, *args, **kwargs)
         finally:
-            _installed.returned()
+            progress.returned()
 
     c10d._new_group_with_tag = new_group_with_tag
 
@@ -155,7 +166,7 @@ def install(progress: Progress) -> None:
         try:
             ranks = tuple(layout.remap_to_tensor(rank_map).flatten().tolist())
             names = tuple(mesh_dim_names) if mesh_dim_names else None
-            _installed.emit(MeshBuilt(tuple(layout.top_level_sizes), names, ranks))
+            current().emit(MeshBuilt(tuple(layout.top_level_sizes), names, ranks))
         except Exception:
             pass
         return original_init_groups(layout, rank_map, mesh_dim_names, backend_override)
@@ -173,10 +184,11 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
         if group is None and index is not None and len(args) > index:
             group = args[index]
         ranks, group_name = describe(group)
-        _installed.call(name, ranks, group_name)
+        progress = current()
+        progress.call(name, ranks, group_name)
         try:
             return original(*args, **kwargs)
         finally:
-            _installed.returned()
+            progress.returned()
 
     return wrapper

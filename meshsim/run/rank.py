@@ -191,7 +191,8 @@ def run_script(message: RunScript) -> ScriptDone:
 class RankSession:
     """The torch side of a rank: the default group, the progress hooks, the plan interpreter, the teardown."""
 
-    def __init__(self, rank: int, world: int, device_type: str, store: Any, send: Callable[[Any], None]):
+    def __init__(self, rank: int, world: int, device_type: str, store: Any, send: Callable[[Any], None],
+                 interpreter: Any = None):
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
@@ -202,7 +203,7 @@ class RankSession:
         self.baseline = set(c10d._world.pg_map)
         self.progress = Progress(send)
         install(self.progress)
-        self.interpreter = Interpreter(rank, world, device_type, self.progress)
+        self.interpreter = (interpreter or Interpreter)(rank, world, device_type, self.progress)
 
     @classmethod
     def join(cls, backend: str, rank: int, world: int, send: Callable[[Any], None],

@@ -1,0 +1,175 @@
+"""The thread executor: one host process whose threads are the ranks, on torch's threaded process group.
+
+torch's threaded process group (torch.testing._internal.distributed.multi_threaded_pg) keeps c10d's world
+state per thread and moves tensors between threads in Python, so collectives are real and their results are
+checked as on the process tier, without a process or a gloo connection per rank. 64 to 256 ranks fit in one
+process on 2 cores.
+
+The ranks live in a child process, not in the controller: the threaded group waits without a timeout, and a
+thread cannot be killed, so a hung plan ends by killing the host and starting a fresh one, as a hung rank
+process does on the process tier. Messages from the host carry their rank (meshsim.wire.FromRank); progress,
+deadlines, stacks and the diagnosis are the process tier's, per thread.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import queue
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ..wire import FromRank, PlanDone, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown, dispatch, JoinFailed
+from .generation import ClusterError
+from .interpreter import Interpreter
+from .process import Cluster
+from .rank import STACK_SIGNAL, WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
+
+MAX_THREAD_WORLD = 1024
+
+
+class RankEnded(BaseException):
+    """An exit or kill fault on a thread rank: the thread ends as the process would have."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class ThreadInterpreter(Interpreter):
+    def exit(self, code: int) -> None:
+        raise RankEnded(code)
+
+    def kill(self) -> None:
+        raise RankEnded(-9)
+
+
+def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
+    """The host process: W rank threads on one threaded world, fed the controller's commands."""
+    _die_with_parent()
+    _watch_lifeline(lifeline)
+    _name_process("meshsim-threads")
+    warnings.simplefilter("ignore")
+    _capture_output(spec.output_file)
+    stacks = open(spec.stack_file, "w")
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+    world = spec.hosts * spec.devices_per_host
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg
+
+        torch.set_num_threads(1)
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # group names registered per thread
+        _install_threaded_pg()
+        store = dist.HashStore()
+    except Exception as exc:  # this torch has no threaded process group
+        conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
+        os._exit(4)
+    lock = threading.Lock()
+
+    def sender(rank: int) -> Any:
+        def send(message: Any) -> None:
+            with lock:
+                conn.send(FromRank(rank, message))
+        return send
+
+    joined: queue.Queue = queue.Queue()
+    inboxes = [queue.Queue() for _ in range(world)]
+    for rank in range(world):
+        threading.Thread(target=_rank_thread, args=(rank, world, store, sender(rank), inboxes[rank], joined,
+                                                     spec.start_timeout_s),
+                         name=f"rank{rank}", daemon=True).start()
+    idents: dict[int, int] = {}
+    for _ in range(world):
+        rank, outcome = joined.get(timeout=spec.start_timeout_s)
+        if isinstance(outcome, str):
+            conn.send(JoinFailed(f"rank {rank}: {outcome}"))
+            os._exit(4)
+        idents[rank] = outcome
+    conn.send(Ready(os.getpid()))
+    conn.send(FromRank(-1, idents))  # thread ident -> rank, to split faulthandler's dump
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(3)
+        if isinstance(message, Stop):
+            os._exit(0)
+        for inbox in inboxes:
+            inbox.put(message)
+
+
+def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queue, joined: queue.Queue,
+                 timeout_s: float) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..deadlines import torch_wait
+    from .progress import bind_thread
+    from .rank import RankSession
+
+    try:
+        dist.init_process_group("threaded", rank=rank, world_size=world, store=store,
+                                timeout=timedelta(seconds=torch_wait(timeout_s)))
+        session = RankSession(rank, world, "cpu", store, send, interpreter=ThreadInterpreter)
+        bind_thread(session.progress)
+    except Exception as exc:
+        joined.put((rank, f"{type(exc).__name__}: {exc}"))
+        return
+    joined.put((rank, threading.get_ident()))
+    handlers = {
+        RunPlan: lambda m: send(session.run_plan(m.plan, m.deadline)),
+        RunFunction: lambda m: send(session.run_function(m.payload, m.deadline)),
+        Teardown: lambda m: session.teardown(m.next_group_count),
+    }
+    while True:
+        message = inbox.get()
+        try:
+            dispatch(message, handlers)
+        except RankEnded as end:
+            send(RankDied(end.code))
+            return
+
+
+class ThreadExecutor(Cluster):
+    """W ranks as threads of one host process (torch's threaded process group); real collectives.
+
+    >>> with ThreadExecutor(Topology(hosts=8, devices_per_host=8)) as ex:
+    ...     result = ex.run(plan)
+    """
+
+    tier = "thread"
+    max_world = MAX_THREAD_WORLD
+
+    def _worker_specs(self, number: int) -> list[WorkerSpec]:
+        return [WorkerSpec(0, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
+                           "threaded", os.path.join(self._tmp.name, f"stacks-{number}"),
+                           os.path.join(self._tmp.name, f"output-{number}"), self.start_timeout)]
+
+    worker_target = staticmethod(host_main)
+
+    def _after_start(self, generation: Any) -> None:
+        generation.thread_ranks = {}
+        host = generation.workers[0]
+        if host.conn.poll(self.start_timeout):
+            message = host.conn.recv()
+            if isinstance(message, FromRank) and message.rank == -1:
+                generation.thread_ranks = message.message
+
+    def _follow(self, generation: Any, started: float, deadline: float) -> Any:
+        return self._follow_tagged(generation, started, deadline)
+
+    def _stacks(self, generation: Any, ranks: list[int]) -> dict[int, str]:
+        dump = generation.stacks([0]).get(0, "")
+        by_ident = {ident: rank for rank, ident in getattr(generation, "thread_ranks", {}).items()}
+        out: dict[int, str] = {}
+        for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
+            found = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)
+            if found and by_ident.get(int(found.group(1), 16)) in ranks:
+                out[by_ident[int(found.group(1), 16)]] = block
+        return out

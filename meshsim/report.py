@@ -50,6 +50,8 @@ def render_result(result: Any, console: Console, title: str = "", show_plan: boo
     head = Text.assemble((title + " " if title else ""), (result.outcome.upper(), f"bold {style}"),
                          f"  expected {expected}; {verdict}  ", (f"[{result.record.elapsed:.2f} s]", "dim"))
     console.print(head)
+    for note in result.notes:
+        console.print(f"   note: {note}", style="dim", markup=False, highlight=False)
     if show_plan and (result.differences or not result.passed):
         for line in result.plan.describe():
             console.print(f"   {line}", style="dim", markup=False, highlight=False)

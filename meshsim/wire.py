@@ -64,6 +64,14 @@ class RunScript(NamedTuple):
     deadline: float
 
 
+class RunRanks(NamedTuple):
+    """Run a plan as each of these ranks in turn, alone (the fake tier)."""
+
+    plan: Any
+    deadline: float
+    ranks: list
+
+
 class Teardown(NamedTuple):
     next_group_count: int  # torch's group counter continues from here on every rank
 

@@ -98,6 +98,10 @@ class RunRecord:
     elapsed: float
     timed_out: bool  # some ranks had not finished when time ran out
     stacks: dict[int, str] = field(default_factory=dict)
+    tier: str = "process"
+    checked: list[int] | None = None  # the ranks that ran (None: all); the others are not judged
+    moves_data: bool = True  # False on the fake tier: collectives return nothing to check
+    notes: list[str] = field(default_factory=list)  # what this tier could not check, in words
 
     @property
     def died(self) -> list[int]:

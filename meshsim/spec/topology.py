@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_WORLD = 1024
+MAX_WORLD = 1 << 20  # the model tier's reach; each executor has its own, smaller limit
 
 
 class TopologyError(ValueError):

@@ -1,0 +1,298 @@
+"""The fake executor: every rank's DeviceMesh built by torch's own code, one rank at a time, no data moved.
+
+torch's fake process group (torch.testing._internal.distributed.fake_pg) hands each call the rank and world
+size it was initialised with and returns at once, so one process can be rank r of a 16,384-rank world: it
+builds the meshes, groups, coordinates and flatten/slice/unflatten results torch would build on rank r.
+Two worker processes (the machine's two cores) take alternate ranks of the sample; each rank starts from a
+fresh default group.
+
+What it cannot check, and says so in the report: collective results (the fake group moves no data: they
+are observed as meshsim.wire.UNMOVED) and hangs (no call ever waits).
+
+One shortcut, for speed at scale: DeviceMesh calls new_group for every group of every dim on every rank
+(2,048 calls per rank for an (8,8,8,8) mesh). For a valid group that does not contain the rank, torch's
+new_group only advances the group counter; the fake tier does exactly that without running it. torch's own
+code runs for every group the rank joins, for every group that is invalid, and for every new_group of the
+plan itself; the process and thread tiers run it for all.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import selectors
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+from .. import deadlines
+from ..spec.topology import Topology
+from ..wire import (DIED, FINISHED, STUCK, UNMOVED, FromRank, PlanDone, RankDied, Ready, RunPlan, RunRanks, Stop,
+                    dispatch, digest_ints)
+from .generation import PRELOAD, ClusterError, Generation
+from .interpreter import Interpreter
+from .rank import WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
+from .process import absorb
+from .reaper import Reaper
+from .record import RankState, RunRecord
+from .threads import RankEnded
+
+MAX_FAKE_WORLD = 1 << 20
+DIGEST_OVER = 256  # mesh views larger than this travel as a digest (the model's view is digested the same way)
+WORKERS = 2
+
+
+class _Quiet:
+    """The progress a fake rank reports to: nothing blocks, so there is nothing to follow."""
+
+    context: Any = None
+    in_plan = False
+
+    def emit(self, event: Any) -> None:
+        pass
+
+    def forget_groups(self) -> None:
+        pass
+
+
+class FakeInterpreter(Interpreter):
+    def view_of(self, mesh: Any) -> Any:
+        tensor = mesh.mesh
+        if tensor.numel() <= DIGEST_OVER:
+            return tensor.tolist()
+        import torch
+
+        return digest_ints(tensor.to(torch.int64).contiguous().numpy().tobytes(), list(tensor.shape))
+
+    def exit(self, code: int) -> None:
+        raise RankEnded(code)
+
+    def kill(self) -> None:
+        raise RankEnded(-9)
+
+    # torch's collective still runs (its argument checks are real); its result is meaningless.
+    def all_reduce(self, group: Any, numel: int, device: Any) -> Any:
+        super().all_reduce(group, numel, device)
+        return UNMOVED
+
+    def all_gather(self, group: Any, device: Any) -> Any:
+        super().all_gather(group, device)
+        return UNMOVED
+
+    def broadcast(self, group: Any, src: int, device: Any) -> Any:
+        super().broadcast(group, src, device)
+        return UNMOVED
+
+
+def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:
+    """DeviceMesh's new_group: a valid group without this rank only advances torch's group counter."""
+    import torch.distributed.device_mesh as dm
+    import torch.distributed.distributed_c10d as c10d
+
+    real = dm.new_group
+
+    def new_group(ranks: Any = None, *args: Any, use_local_synchronization: bool = False, **kwargs: Any) -> Any:
+        if ranks is not None and not use_local_synchronization:
+            world = c10d._world.default_pg.size()
+            if (rank_of() not in ranks and len(set(ranks)) == len(ranks) <= world
+                    and min(ranks) >= 0 and max(ranks) < world):
+                c10d._world.group_count += 1
+                return c10d.GroupMember.NON_GROUP_MEMBER
+        return real(ranks, *args, use_local_synchronization=use_local_synchronization, **kwargs)
+
+    dm.new_group = new_group
+
+
+def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
+    _die_with_parent()
+    _watch_lifeline(lifeline)
+    _name_process(f"meshsim-fake{spec.rank}")
+    warnings.simplefilter("ignore")
+    _capture_output(spec.output_file)
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.set_num_threads(1)
+    world = spec.hosts * spec.devices_per_host
+    current = [0]
+    _skip_non_member_groups(lambda: current[0])
+    conn.send(Ready(os.getpid()))
+
+    def run(message: RunRanks) -> None:
+        for rank in message.ranks:
+            current[0] = rank
+            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+            interpreter = FakeInterpreter(rank, world, "cpu", _Quiet())
+            try:
+                observations, end, end_step = interpreter.run(message.plan)
+                result: Any = PlanDone(observations, end, end_step, c10d._world.group_count)
+            except RankEnded as ended:
+                result = RankDied(ended.code)
+            finally:
+                interpreter.handles.clear()
+                dist.destroy_process_group()
+            conn.send(FromRank(rank, result))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(3)
+        dispatch(message, {RunRanks: run, Stop: lambda m: os._exit(0)})
+
+
+def sample_ranks(topology: Topology, count: int | None, seed: int = 0) -> list[int]:
+    """Every rank, or `count` of them: every host's first and last rank, then a seeded spread of the rest."""
+    world = topology.world
+    if count is None or count >= world:
+        return list(range(world))
+    d = topology.devices_per_host
+    must = sorted({r for h in range(topology.hosts) for r in (h * d, h * d + d - 1)})
+    rest = sorted(set(range(world)) - set(must))
+    extra = random.Random(seed).sample(rest, max(0, min(len(rest), count - len(must))))
+    return sorted(must + extra)
+
+
+class FakeExecutor:
+    """Each rank of a large world, alone, on torch's fake process group (see the module's docstring)."""
+
+    tier = "fake"
+    max_world = MAX_FAKE_WORLD
+
+    def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
+                 start_timeout: float = deadlines.START_S, ranks: int | None = None, seed: int = 0,
+                 workers: int = WORKERS):
+        if topology.world > self.max_world:
+            raise ClusterError(f"{topology} is {topology.world} ranks; the fake tier runs at most {self.max_world}")
+        if ranks is not None and ranks < 1:
+            raise ClusterError(f"--ranks must be at least 1, got {ranks}")
+        self.topology = topology
+        self.deadline = deadlines.checked(deadline)
+        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.sample = sample_ranks(topology, ranks, seed)
+        self.workers = max(1, min(workers, len(self.sample)))
+        self.generation: Generation | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._reaper: Reaper | None = None
+        self._ctx: Any = None
+
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    def __enter__(self) -> "FakeExecutor":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> "FakeExecutor":
+        if self.generation is not None:
+            return self
+        import torch.multiprocessing as mp
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="meshsim-fake-")
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(PRELOAD)
+        self._reaper = self._reaper or Reaper()
+        generation = Generation(1)
+        specs = [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, 0, "", "fake",
+                            os.path.join(self._tmp.name, f"stacks-{i}"), os.path.join(self._tmp.name, f"output-{i}"),
+                            self.start_timeout) for i in range(self.workers)]
+        try:
+            generation.start(self._ctx, specs, self.start_timeout, self._reaper, target=fake_worker_main)
+        except BaseException:
+            generation.kill()
+            self.close()
+            raise
+        self.generation = generation
+        return self
+
+    def close(self) -> None:
+        if self.generation is not None:
+            self.generation.stop()
+            self.generation = None
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def run(self, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
+        from ..check import check
+
+        return check(self, plan, self.deadline if deadline is None else deadline, strict=strict)
+
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+        """Run the plan as every sampled rank; `work.deadline` bounds each rank's run (nothing waits here)."""
+        if not isinstance(work, RunPlan):
+            raise ClusterError("the fake tier runs plans only (a user function needs the process or thread tier)")
+        if self.generation is None:
+            self.start()
+        generation = self.generation
+        started = time.monotonic()
+        shares = [self.sample[i::self.workers] for i in range(self.workers)]
+        for worker, share in zip(generation.workers, shares):
+            worker.conn.send(RunRanks(work.plan, work.deadline, share))
+        if meanwhile is not None:
+            meanwhile()
+        states = [RankState(r) for r in range(self.world)]
+        waiting = self._follow(generation, shares, states, work.deadline)
+        for rank in set(range(self.world)) - set(self.sample):
+            states[rank].end, states[rank].done = FINISHED, True  # not run: not judged (observations None)
+        if waiting:
+            self.generation.kill()
+            self.generation = None
+            self.start()
+        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(waiting),
+                           tier=self.tier, checked=None if len(self.sample) == self.world else list(self.sample),
+                           moves_data=False)
+        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
+                            "no data), and hangs cannot happen (no call waits)")
+        if record.checked is not None:
+            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (every host's first "
+                                "and last rank, and a seeded sample of the rest)")
+        return record
+
+    def _follow(self, generation: Generation, shares: list[list[int]], states: list[RankState],
+                deadline: float) -> set[int]:
+        """Collect each rank's result; a worker silent for longer than `deadline` leaves its ranks stuck."""
+        queues = {w.rank: list(share) for w, share in zip(generation.workers, shares)}
+        heard = {w.rank: time.monotonic() for w in generation.workers}
+        with selectors.DefaultSelector() as selector:
+            for worker in generation.workers:
+                selector.register(worker.conn, selectors.EVENT_READ, worker)
+            while any(queues.values()):
+                now = time.monotonic()
+                late = [w for w, q in queues.items() if q and now - heard[w] > deadline]
+                if late:
+                    break
+                left = min(heard[w] + deadline - now for w, q in queues.items() if q)
+                for key, _ in selector.select(timeout=max(0.01, left)):
+                    worker = key.data
+                    try:
+                        while worker.readable():
+                            tagged = worker.conn.recv()
+                            self._absorb(states[tagged.rank], tagged.message)
+                            queues[worker.rank].remove(tagged.rank)
+                            heard[worker.rank] = time.monotonic()
+                    except (EOFError, OSError):
+                        for rank in queues[worker.rank]:
+                            states[rank].end = DIED
+                        queues[worker.rank] = []
+                        selector.unregister(worker.conn)
+        waiting = {r for q in queues.values() for r in q}
+        for rank in waiting:
+            states[rank].end = STUCK
+        return waiting
+
+    @staticmethod
+    def _absorb(state: RankState, message: Any) -> None:
+        if isinstance(message, RankDied):
+            state.end, state.exitcode = DIED, message.exitcode
+        else:
+            absorb(state, message)

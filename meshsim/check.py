@@ -10,7 +10,7 @@ from typing import Any
 
 from . import deadlines
 from .judge.verdict import Result, judge
-from .model.predict import Prediction, predict, unpredictable
+from .model.predict import Prediction, no_gc, predict, unpredictable
 from .spec.plan import Plan, PlanError, validate
 from .wire import RunPlan
 
@@ -31,7 +31,12 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     validate(plan, executor.world)
     deadline = deadlines.checked(deadlines.PLAN_S if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []
-    record = executor.execute(RunPlan(plan, deadline),
-                              meanwhile=None if found else lambda: found.append(prediction_for(plan, executor.world,
-                                                                                                deadline)))
-    return judge(plan, found[0], record, strict=strict)
+
+    def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
+        if not found:
+            found.append(prediction_for(plan, executor.world, deadline))
+        return found[0]
+
+    with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
+        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
+        return judge(plan, meanwhile(), record, strict=strict)

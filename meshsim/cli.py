@@ -60,6 +60,23 @@ def _topology_options(parser: argparse.ArgumentParser) -> None:
                         help="simulated devices per host, one rank each (default 4)")
 
 
+def _tier_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tier", default="process", choices=["process", "thread", "fake", "model"],
+                        help="process: a process per rank, up to 64 (default); thread: ranks as threads on torch's "
+                             "threaded group, up to 1,024; fake: each rank alone on torch's fake group (groups, no "
+                             "data), thousands; model: the reference model alone")
+    parser.add_argument("--ranks", type=_positive(int), default=None,
+                        help="fake tier: check this many ranks (every host's first and last first, then a seeded "
+                             "spread) instead of all")
+
+
+def _open(topology: Any, args: argparse.Namespace, deadline: float) -> Any:
+    from .tiers import open_executor
+
+    return open_executor(topology, args.tier, deadline=deadline, ranks=args.ranks, backend=args.backend,
+                         setup=args.setup, start_timeout=args.start_timeout)
+
+
 def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, what: str = "") -> None:
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
                         help="gloo on CPU (default), nccl one rank per GPU, auto = nccl when GPUs suffice")
@@ -90,12 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
     fz.add_argument("--json", action="store_true", help="print the report as JSON")
     _cluster_options(fz, deadline=PLAN_S)
+    _tier_options(fz)
 
     run = sub.add_parser("run", help="run scenario files and check that each ends as it expects")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="print results as JSON")
     run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
     _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}")
+    _tier_options(run)
 
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
     fi.add_argument("--json", action="store_true")
@@ -164,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     from .scenario import ScenarioError
     from .spec.plan import PlanError
     from .spec.topology import TopologyError
+    from .tiers import TierError
 
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError, DeadlineError) as exc:
+    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError, DeadlineError, TierError) as exc:
         print(f"meshsim: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -232,8 +252,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     err = make_console(stderr=True)
     columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
-    with Cluster(topology, backend=args.backend, deadline=args.deadline, setup=args.setup,
-                 start_timeout=args.start_timeout) as cluster, \
+    with _open(topology, args, args.deadline) as cluster, \
             Progress(*columns, console=err, transient=True, disable=args.json) as progress:
         task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
         started = time.monotonic()
@@ -250,7 +269,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return EXIT_OK if report.passed else EXIT_FAIL
-    out.print(f"{report.examples} plans on {topology} ({cluster.backend}) in {report.elapsed:.1f} s "
+    for note in report.notes:
+        out.print(f"note: {note}", style="dim", markup=False, highlight=False)
+    out.print(f"{report.examples} plans on {topology} ({cluster.tier} tier, {getattr(cluster, 'backend', 'no backend')}) "
+              f"in {report.elapsed:.1f} s "
               f"= {report.rate:.1f} plans/s; outcomes {dict(report.outcomes)}")
     if report.findings:
         out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
@@ -260,6 +282,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out.print(f"[bold red]torch disagrees with the model[/] (found after {report.time_to_failure:.1f} s, "
               f"shrunk in {report.shrink_runs} runs). Minimal counterexample:")
     render_result(report.failure, out)
+    if report.replayed_on:
+        out.print(f"the failure shows on a smaller world too: {report.replayed_on}")
     if report.saved:
         out.print(f"saved as {report.saved}; replay with: meshsim run {report.saved}")
     return EXIT_FAIL
@@ -279,8 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for index, sc in enumerate(scenarios):
             cluster = clusters.get(sc.topology)
             if cluster is None:
-                cluster = clusters[sc.topology] = Cluster(sc.topology, backend=args.backend, deadline=sc.deadline,
-                                                          setup=args.setup, start_timeout=args.start_timeout).start()
+                cluster = clusters[sc.topology] = _open(sc.topology, args, sc.deadline).start()
             result = cluster.run(sc.plan, deadline=sc.deadline)
             if last_use[sc.topology] == index:  # no file left needs these workers
                 clusters.pop(sc.topology).close()

@@ -35,6 +35,8 @@ class FuzzReport:
     failure: Any = None  # the minimal failing Result
     saved: Path | None = None
     time_to_failure: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the tier could not check (each note once)
+    replayed_on: str | None = None  # the smaller world and tier that still shows the failure, if any
 
     @property
     def passed(self) -> bool:
@@ -97,6 +99,7 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
             report.outcomes[result.outcome] += 1
             for fid in result.findings:
                 report.findings[fid] += 1
+            report.notes.extend(n for n in result.notes if n not in report.notes)
         if on_example is not None:
             on_example(report, result)
         if not result.passed:
@@ -113,9 +116,42 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     except Interrupted as exc:
         raise exc.error from None
     report.elapsed = time.monotonic() - started
+    topology = cluster.topology
+    if report.failure is not None and getattr(cluster, "tier", "process") != "process":
+        smaller = shrink_world(report.failure.plan, topology, deadline, strict)
+        if smaller is not None:
+            topology, report.failure, report.replayed_on = smaller
     if report.failure is not None and save_dir is not None:
-        report.saved = save_counterexample(report.failure, cluster.topology, deadline, seed, save_dir)
+        report.saved = save_counterexample(report.failure, topology, deadline, seed, save_dir)
     return report
+
+
+def shrink_world(plan: Any, topology: Topology, deadline: float, strict: bool) -> tuple[Topology, Any, str] | None:
+    """A failure found on a large tier, tried on the smallest world that holds its plan (same devices per host),
+    on the process tier when it fits there, else the thread tier. Returns (topology, result, words) when the
+    failure still shows there, else None (the large world is then needed)."""
+    from .spec.plan import PlanError, validate
+    from .tiers import open_executor
+
+    d = topology.devices_per_host
+    for hosts in range(1, topology.hosts):
+        small = Topology(hosts, d)
+        try:
+            validate(plan, small.world)
+        except PlanError:
+            continue
+        tier = "process" if small.world <= 16 else "thread" if small.world <= 1024 else None
+        if tier is None:
+            return None
+        try:
+            with open_executor(small, tier, deadline=deadline) as executor:
+                result = check(executor, plan, deadline, strict=strict)
+        except ClusterError:
+            return None
+        if not result.passed:
+            return small, result, f"{small} on the {tier} tier"
+        return None
+    return None
 
 
 def save_counterexample(result: Any, topology: Topology, deadline: float, seed: int | None,

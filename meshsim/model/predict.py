@@ -56,8 +56,12 @@ class Prediction:
 
 def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction:
     L.forget_shared()
-    with _no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
-        ranks = [_run_rank(plan, rank, world) for rank in range(world)]
+    with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
+        return _predict(plan, world, deadline)
+
+
+def _predict(plan: Plan, world: int, deadline: float | None) -> Prediction:
+    ranks = [_run_rank(plan, rank, world) for rank in range(world)]
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
@@ -105,7 +109,7 @@ def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def no_gc() -> Iterator[None]:
     was = gc.isenabled()
     gc.disable()
     try:

@@ -1,0 +1,109 @@
+"""The thread, fake and model tiers: the same plans, the same model, one verdict each."""
+
+import os
+
+import pytest
+from helpers import alive
+
+from meshsim import Topology, step
+from meshsim.cli import main
+from meshsim.check import check
+from meshsim.model import predict
+from meshsim.run.fake import sample_ranks
+from meshsim.spec.plan import Plan
+from meshsim.tiers import TierError, open_executor
+from meshsim.wire import UNMOVED, is_digest
+
+COMPOSED = Plan((
+    step("init_device_mesh", out="m", shape=[2, 2, 2], names=["dp", "cp", "tp"]),
+    step("slice", src="m", names=["dp", "tp"], out="s"),
+    step("flatten", src="s", name="dp_tp", out="f"),
+    step("check", mesh="s"),
+    step("check", mesh="f"),
+    step("all_gather", mesh="m", dim="cp"),
+))
+
+
+@pytest.mark.parametrize("tier", ["thread", "fake", "model"])
+def test_every_tier_agrees_with_the_model_on_a_composed_plan(tier, meshsim_cluster):
+    reference = meshsim_cluster.run(COMPOSED)
+    with open_executor(Topology(2, 4), tier) as executor:
+        result = executor.run(COMPOSED)
+    assert result.passed and reference.passed
+    assert set(result.findings) == set(reference.findings)
+
+
+def test_fake_tier_reports_collectives_as_unchecked_not_as_values():
+    with open_executor(Topology(2, 4), "fake") as executor:
+        result = executor.run(COMPOSED)
+    observed = result.record.states[3].observations
+    assert observed[5] == UNMOVED
+    assert all(dim["all_reduce"] == UNMOVED for dim in observed[3]["dims"])
+    assert any("moves no data" in note for note in result.notes)
+
+
+def test_fake_tier_finds_a_wrong_layout_through_digests_of_large_meshes():
+    # 512 ranks: mesh views travel as digests; a prediction for another layout must disagree on every rank.
+    plan = Plan((step("init_device_mesh", out="m", shape=[8, 8, 8], names=["a", "b", "c"]), step("check", mesh="m")))
+    other = Plan((step("init_device_mesh", out="m", shape=[8, 64], names=["a", "b"]), step("check", mesh="m")))
+    with open_executor(Topology(64, 8), "fake", ranks=40) as executor:
+        good = executor.run(plan)
+        bad = check(executor, plan, 30, prediction=predict(other, 512, 30))
+    assert good.passed, good.differences[:2]
+    assert is_digest(good.record.states[0].observations[0]["mesh"])
+    assert not bad.passed
+    assert set(bad.differences[0].ranks) == set(good.record.checked)
+
+
+def test_fake_tier_sample_holds_every_hosts_first_and_last_rank():
+    ranks = sample_ranks(Topology(16, 8), 40, seed=3)
+    assert len(ranks) == 40
+    assert {h * 8 for h in range(16)} | {h * 8 + 7 for h in range(16)} <= set(ranks)
+    assert sample_ranks(Topology(2, 4), None) == list(range(8))
+
+
+def test_thread_tier_diagnoses_a_skipped_collective_by_rank_group_and_dim():
+    plan = Plan((step("init_device_mesh", out="m", shape=[4, 4, 4], names=["a", "b", "c"]),
+                 step("all_reduce", mesh="m", dim="b", skip_on=[5])))
+    with open_executor(Topology(8, 8), "thread") as executor:
+        hung = executor.run(plan, deadline=3)
+        after = executor.run(COMPOSED)  # a fresh host serves the next plan
+    assert hung.outcome == "hang" and hung.passed
+    assert hung.culprits == [5]
+    assert "dim 'b'" in hung.diagnosis.summary
+    assert hung.record.stacks  # per-thread Python stacks
+    assert after.passed
+
+
+def test_thread_tier_ends_a_rank_that_exits_as_a_crash_and_leaves_nothing_behind():
+    plan = Plan((step("init_device_mesh", out="m", shape=[2, 4], names=["a", "b"]),
+                 step("exit", code=7, only_on=[3]), step("check", mesh="m")))
+    with open_executor(Topology(2, 4), "thread") as executor:
+        result = executor.run(plan)
+        host = executor.pids[0]
+    assert result.outcome == "crash" and result.passed
+    assert result.record.states[3].exitcode == 7
+    assert not alive(host)
+
+
+def test_model_tier_names_the_culprit_of_a_hang_at_4096_ranks():
+    plan = Plan((step("init_device_mesh", out="m", shape=[8, 8, 8, 8], names=["pp", "dp", "cp", "tp"]),
+                 step("all_reduce", mesh="m", dim="cp", skip_on=[1234])))
+    with open_executor(Topology(512, 8), "model") as executor:
+        result = executor.run(plan)
+    assert result.outcome == "hang" and result.culprits == [1234]
+
+
+def test_tier_options_are_checked_before_anything_starts(capsys):
+    with pytest.raises(TierError):
+        open_executor(Topology(2, 4), "thread", ranks=4)
+    with pytest.raises(TierError):
+        open_executor(Topology(2, 4), "cluster")
+    assert main(["fuzz", "--tier", "model", "--ranks", "3", "--examples", "1"]) == 2
+    assert "fake tier only" in capsys.readouterr().err
+
+
+def test_fuzz_runs_on_the_thread_tier_from_the_command_line(capsys, tmp_path):
+    assert main(["fuzz", "--tier", "thread", "--hosts", "4", "--devices-per-host", "4", "--examples", "5",
+                 "--seed", "2", "--save", str(tmp_path)]) == 0
+    assert "thread tier" in capsys.readouterr().out

@@ -11,6 +11,8 @@ fuzz    generated examples/s at W = 8 and W = 16
 find    time for `fuzz` to find and shrink a bug injected into DeviceMesh in the workers
 memory  worker RSS and PSS (shared pages split) at W = 8
 launch  `meshsim launch` next to `torchrun` for the same (2, 4) mesh script, and a hang's time to diagnosis
+tiers   thread tier at W=64 next to a raw threaded-group loop and the process tier; fake tier at 4,096 ranks
+        next to a raw fake-group loop; the model tier at 102,400 ranks (`tiers-big` adds 16,384 fake ranks)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from datetime import timedelta
 
 from rich.console import Console
 from rich.table import Table
+from tiers import tiers_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")  # the injected bugs live with the tests (faults.py)
@@ -312,7 +315,8 @@ def launch_section(rounds: int = 3) -> None:
 
 
 SECTIONS = {"start": start_section, "launch": launch_section, "plans": plans_section, "fuzz": fuzz_section, "find": find_section,
-            "memory": memory_section}
+            "memory": memory_section, "tiers": lambda: tiers_section(console),
+            "tiers-big": lambda: tiers_section(console, big=True)}
 
 if __name__ == "__main__":
     sys.path[:0] = [HERE, TESTS]  # before the first cluster: its workers import from both

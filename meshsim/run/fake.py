@@ -151,6 +151,9 @@ def sample_ranks(topology: Topology, count: int | None, seed: int = 0) -> list[i
         return list(range(world))
     d = topology.devices_per_host
     must = sorted({r for h in range(topology.hosts) for r in (h * d, h * d + d - 1)})
+    if count < len(must):  # fewer than two a host: hosts' edges spread evenly, the world's ends included
+        step = (len(must) - 1) / max(1, count - 1)
+        return sorted({must[round(i * step)] for i in range(count)})
     rest = sorted(set(range(world)) - set(must))
     extra = random.Random(seed).sample(rest, max(0, min(len(rest), count - len(must))))
     return sorted(must + extra)
@@ -254,8 +257,8 @@ class FakeExecutor:
         record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
                             "no data), and hangs cannot happen (no call waits)")
         if record.checked is not None:
-            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (every host's first "
-                                "and last rank, and a seeded sample of the rest)")
+            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
+                                "and last ranks first, then a seeded spread of the rest)")
         return record
 
     def _follow(self, generation: Generation, shares: list[list[int]], states: list[RankState],

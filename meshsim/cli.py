@@ -241,7 +241,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from .run import Cluster
     from .fuzz import fuzz
     from .report import render_result
     from .spec.topology import Topology
@@ -290,7 +289,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .run import Cluster
     from .report import render_diagnosis, render_result
     from .scenario import judge_scenario, load
 

@@ -19,11 +19,9 @@ import queue
 import re
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
-from ..wire import FromRank, PlanDone, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown, dispatch, JoinFailed
-from .generation import ClusterError
+from ..wire import FromRank, JoinFailed, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown, dispatch
 from .interpreter import Interpreter
 from .process import Cluster
 from .rank import STACK_SIGNAL, WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline

@@ -107,7 +107,7 @@ class ExplicitMesh:
     def model(run: Any, a: dict) -> Any:
         from ..model.layout import interned
 
-        flat = interned(a["layout"], lambda: tuple(flatten_layout(a["layout"])))
+        flat = interned(tuple(flatten_layout(a["layout"])))
         return run.model.explicit(flat, layout_shape(a["layout"]) or (), a.get("names"))
 
     def torch(ex: Any, a: dict) -> Any:
@@ -249,7 +249,7 @@ class FromGroup:
 
         model = run.model
         layout = a.get("layout")
-        flat = interned(layout, lambda: tuple(flatten_layout(layout))) if layout is not None else None
+        flat = interned(tuple(flatten_layout(layout))) if layout is not None else None
         shape = layout_shape(layout) if layout is not None else None
         if "group" in a:
             group = run.resolve(a["group"])

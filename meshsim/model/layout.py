@@ -235,3 +235,33 @@ def interned(ranks: tuple[int, ...]) -> tuple[int, ...]:
     if len(_INTERNED) > 1024:
         _INTERNED.clear()
     return _INTERNED.setdefault(ranks, ranks)
+
+
+class DimInfo:
+    """The groups along one dim of a rank map, as DeviceMesh creates them, shared by every rank."""
+
+    def __init__(self, dim: Dim, rank_map: tuple[int, ...], world: int):
+        self.groups = shared_dim_groups(dim, rank_map)  # in mesh order
+        self.spans_world = len(self.groups[0]) == world
+        self.sorted = [tuple(sorted(g)) for g in self.groups]  # torch's group-rank order
+        self.members: dict[int, list[int]] = {}  # rank -> indexes of its groups (several: a repeated rank)
+        for index, ranks in enumerate(self.groups):
+            for r in set(ranks):
+                self.members.setdefault(r, []).append(index)
+        self.first_invalid = _first_invalid(self.sorted, world)  # (index, message): where new_group raises
+
+
+def _first_invalid(groups: list[tuple[int, ...]], world: int) -> tuple[int, str] | None:
+    for index, ranks in enumerate(groups):
+        if len(set(ranks)) != len(ranks):
+            return index, "ranks list must not contain duplicate entries"
+        if len(ranks) > world:
+            return index, "the new group's world size should be less or equal"
+        bad = [r for r in ranks if r < 0 or r >= world]
+        if bad:
+            return index, f"Rank {bad[0]} is out of range"
+    return None
+
+
+def dim_info(dim: Dim, rank_map: tuple[int, ...], world: int) -> DimInfo:
+    return _shared(f"dim{world}", (dim,), rank_map, lambda: DimInfo(dim, rank_map, world))  # type: ignore[return-value]

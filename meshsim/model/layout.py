@@ -248,18 +248,20 @@ class DimInfo:
         for index, ranks in enumerate(self.groups):
             for r in set(ranks):
                 self.members.setdefault(r, []).append(index)
-        self.first_invalid = _first_invalid(self.sorted, world)  # (index, message): where new_group raises
+        # (index, message): the first group new_group refuses, where every rank raises
+        self.first_invalid = next(((index, why) for index, ranks in enumerate(self.sorted)
+                                   if (why := group_refusal(ranks, world)) is not None), None)
 
 
-def _first_invalid(groups: list[tuple[int, ...]], world: int) -> tuple[int, str] | None:
-    for index, ranks in enumerate(groups):
-        if len(set(ranks)) != len(ranks):
-            return index, "ranks list must not contain duplicate entries"
-        if len(ranks) > world:
-            return index, "the new group's world size should be less or equal"
-        bad = [r for r in ranks if r < 0 or r >= world]
-        if bad:
-            return index, f"Rank {bad[0]} is out of range"
+def group_refusal(ranks_sorted: tuple[int, ...] | list[int], world: int) -> str | None:
+    """Why torch's new_group refuses these (sorted) ranks, or None: the one rule for plan steps and meshes."""
+    if len(set(ranks_sorted)) != len(ranks_sorted):
+        return "ranks list must not contain duplicate entries"
+    if len(ranks_sorted) > world:
+        return "the new group's world size should be less or equal"
+    bad = [r for r in ranks_sorted if r < 0 or r >= world]
+    if bad:
+        return f"Rank {bad[0]} is out of range"
     return None
 
 

@@ -93,13 +93,9 @@ class RankModel:
     def new_group(self, ranks: list[int], order: tuple[int, ...] | None = None) -> Group | None:
         """dist.new_group(ranks): every rank calls it; members block until all members have."""
         ranks_sorted = sorted(ranks)
-        if len(set(ranks_sorted)) != len(ranks_sorted):
-            raise ModelRaise(Err("ValueError", "ranks list must not contain duplicate entries"))
-        if len(ranks_sorted) > self.world:
-            raise ModelRaise(Err("ValueError", "the new group's world size should be less or equal"))
-        for r in ranks_sorted:
-            if r < 0 or r >= self.world:
-                raise ModelRaise(Err("ValueError", f"Rank {r} is out of range"))
+        refusal = L.group_refusal(ranks_sorted, self.world)
+        if refusal is not None:
+            raise ModelRaise(Err("ValueError", refusal))
         if self.rank not in ranks_sorted:
             self.group_counter += 1
             return None

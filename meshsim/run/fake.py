@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import selectors
-import tempfile
 import time
 import warnings
 from typing import Any, Callable
@@ -30,11 +29,10 @@ from .. import deadlines
 from ..spec.topology import Topology
 from ..wire import (DIED, FINISHED, STUCK, UNMOVED, FromRank, PlanDone, RankDied, Ready, RunPlan, RunRanks, Stop,
                     dispatch, digest_ints)
-from .generation import PRELOAD, ClusterError, Generation
+from .generation import ClusterError, Generation
 from .interpreter import Interpreter
 from .rank import WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
-from .process import absorb
-from .reaper import Reaper
+from .process import Cluster, absorb
 from .record import RankState, RunRecord
 from .threads import RankEnded
 
@@ -159,120 +157,61 @@ def sample_ranks(topology: Topology, count: int | None, seed: int = 0) -> list[i
     return sorted(must + extra)
 
 
-class FakeExecutor:
-    """Each rank of a large world, alone, on torch's fake process group (see the module's docstring)."""
+class FakeExecutor(Cluster):
+    """Each rank of a large world, alone, on torch's fake process group (see the module's docstring).
+
+    The process tier's life cycle (workers, reaper, deadlines, restarts); its own way to hand out ranks and to
+    follow them: a worker hosts many ranks in turn, and nothing waits, so a deadline bounds each rank's run.
+    """
 
     tier = "fake"
     max_world = MAX_FAKE_WORLD
+    worker_target = staticmethod(fake_worker_main)
 
     def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, ranks: int | None = None, seed: int = 0,
                  workers: int = WORKERS):
-        if topology.world > self.max_world:
-            raise ClusterError(f"{topology} is {topology.world} ranks; the fake tier runs at most {self.max_world}")
         if ranks is not None and ranks < 1:
             raise ClusterError(f"--ranks must be at least 1, got {ranks}")
-        self.topology = topology
-        self.deadline = deadlines.checked(deadline)
-        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        super().__init__(topology, deadline=deadline, start_timeout=start_timeout)
         self.sample = sample_ranks(topology, ranks, seed)
         self.workers = max(1, min(workers, len(self.sample)))
-        self.generation: Generation | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._reaper: Reaper | None = None
-        self._ctx: Any = None
+        self._shares: list[list[int]] = []
 
-    @property
-    def world(self) -> int:
-        return self.topology.world
+    def _worker_specs(self, number: int) -> list[WorkerSpec]:
+        return [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/", "fake",
+                           os.path.join(self._tmp.name, f"stacks-{number}-{i}"),
+                           os.path.join(self._tmp.name, f"output-{number}-{i}"), self.start_timeout)
+                for i in range(self.workers)]
 
-    def __enter__(self) -> "FakeExecutor":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def start(self) -> "FakeExecutor":
-        if self.generation is not None:
-            return self
-        import torch.multiprocessing as mp
-
-        self._tmp = tempfile.TemporaryDirectory(prefix="meshsim-fake-")
-        self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(PRELOAD)
-        self._reaper = self._reaper or Reaper()
-        generation = Generation(1)
-        specs = [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, 0, "", "fake",
-                            os.path.join(self._tmp.name, f"stacks-{i}"), os.path.join(self._tmp.name, f"output-{i}"),
-                            self.start_timeout) for i in range(self.workers)]
-        try:
-            generation.start(self._ctx, specs, self.start_timeout, self._reaper, target=fake_worker_main)
-        except BaseException:
-            generation.kill()
-            self.close()
-            raise
-        self.generation = generation
-        return self
-
-    def close(self) -> None:
-        if self.generation is not None:
-            self.generation.stop()
-            self.generation = None
-        if self._reaper is not None:
-            self._reaper.close()
-            self._reaper = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def run(self, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
-        from ..check import check
-
-        return check(self, plan, self.deadline if deadline is None else deadline, strict=strict)
-
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
-        """Run the plan as every sampled rank; `work.deadline` bounds each rank's run (nothing waits here)."""
+    def _send(self, generation: Generation, work: Any) -> None:
         if not isinstance(work, RunPlan):
             raise ClusterError("the fake tier runs plans only (a user function needs the process or thread tier)")
-        if self.generation is None:
-            self.start()
-        generation = self.generation
-        started = time.monotonic()
-        shares = [self.sample[i::self.workers] for i in range(self.workers)]
-        for worker, share in zip(generation.workers, shares):
+        self._shares = [self.sample[i::self.workers] for i in range(self.workers)]
+        for worker, share in zip(generation.workers, self._shares):
             worker.conn.send(RunRanks(work.plan, work.deadline, share))
-        if meanwhile is not None:
-            meanwhile()
-        states = [RankState(r) for r in range(self.world)]
-        waiting = self._follow(generation, shares, states, work.deadline)
-        for rank in set(range(self.world)) - set(self.sample):
-            states[rank].end, states[rank].done = FINISHED, True  # not run: not judged (observations None)
-        if waiting:
-            self.generation.kill()
-            self.generation = None
-            self.start()
-        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(waiting),
-                           tier=self.tier, checked=None if len(self.sample) == self.world else list(self.sample),
-                           moves_data=False)
-        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
-                            "no data), and hangs cannot happen (no call waits)")
-        if record.checked is not None:
-            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
-                                "and last ranks first, then a seeded spread of the rest)")
-        return record
 
-    def _follow(self, generation: Generation, shares: list[list[int]], states: list[RankState],
-                deadline: float) -> set[int]:
+    def _between_runs(self, generation: Generation, record: RunRecord) -> None:
+        pass  # every rank started from a fresh default group and destroyed it
+
+    def _stacks(self, generation: Generation, ranks: list[int]) -> dict[int, str]:
+        """A stuck worker's stack belongs to the first rank it had not finished."""
+        first = {i: next(r for r in share if r in ranks) for i, share in enumerate(self._shares)
+                 if any(r in ranks for r in share)}
+        dumps = generation.stacks(list(first))
+        return {first[i]: text for i, text in dumps.items()}
+
+    def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
         """Collect each rank's result; a worker silent for longer than `deadline` leaves its ranks stuck."""
-        queues = {w.rank: list(share) for w, share in zip(generation.workers, shares)}
+        states = [RankState(r) for r in range(self.world)]
+        queues = {w.rank: list(share) for w, share in zip(generation.workers, self._shares)}
         heard = {w.rank: time.monotonic() for w in generation.workers}
         with selectors.DefaultSelector() as selector:
             for worker in generation.workers:
                 selector.register(worker.conn, selectors.EVENT_READ, worker)
             while any(queues.values()):
                 now = time.monotonic()
-                late = [w for w, q in queues.items() if q and now - heard[w] > deadline]
-                if late:
+                if any(q and now - heard[w] > deadline for w, q in queues.items()):
                     break
                 left = min(heard[w] + deadline - now for w, q in queues.items() if q)
                 for key, _ in selector.select(timeout=max(0.01, left)):
@@ -280,7 +219,7 @@ class FakeExecutor:
                     try:
                         while worker.readable():
                             tagged = worker.conn.recv()
-                            self._absorb(states[tagged.rank], tagged.message)
+                            absorb(states[tagged.rank], tagged.message)
                             queues[worker.rank].remove(tagged.rank)
                             heard[worker.rank] = time.monotonic()
                     except (EOFError, OSError):
@@ -291,11 +230,14 @@ class FakeExecutor:
         waiting = {r for q in queues.values() for r in q}
         for rank in waiting:
             states[rank].end = STUCK
-        return waiting
-
-    @staticmethod
-    def _absorb(state: RankState, message: Any) -> None:
-        if isinstance(message, RankDied):
-            state.end, state.exitcode = DIED, message.exitcode
-        else:
-            absorb(state, message)
+        for rank in set(range(self.world)) - set(self.sample):
+            states[rank].end, states[rank].done = FINISHED, True  # not run: not judged (observations None)
+        record = RunRecord(self.world, deadline, states, time.monotonic() - started, bool(waiting),
+                           tier=self.tier, checked=None if len(self.sample) == self.world else list(self.sample),
+                           moves_data=False)
+        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
+                            "no data), and hangs cannot happen (no call waits)")
+        if record.checked is not None:
+            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
+                                "and last ranks first, then a seeded spread of the rest)")
+        return record

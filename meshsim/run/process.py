@@ -212,7 +212,7 @@ class Cluster:
         """Send one piece of work to every rank and follow it to its end (the Executor protocol)."""
         generation = self._ensure_generation()
         started = time.monotonic()
-        generation.send(work)
+        self._send(generation, work)
         if meanwhile is not None:
             meanwhile()  # the model predicts while the ranks work
         record = self._follow(generation, started, work.deadline)
@@ -228,9 +228,17 @@ class Cluster:
                     raise
                 except ClusterError:
                     self.generation = None  # the next run tries again and reports why it cannot start
-        elif not self.script:  # a script's ranks are done for good: close() stops them
-            generation.send(Teardown(max(s.group_count for s in record.states) + 1))
+        else:
+            self._between_runs(generation, record)
         return record
+
+    def _send(self, generation: Generation, work: Any) -> None:
+        generation.send(work)
+
+    def _between_runs(self, generation: Generation, record: RunRecord) -> None:
+        """Destroy what the run made, on every rank, before the next (a script's ranks are done for good)."""
+        if not self.script:
+            generation.send(Teardown(max(s.group_count for s in record.states) + 1))
 
     def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
         """Read every rank's progress until all have answered, one died (plus a grace), or time ran out.
@@ -281,44 +289,6 @@ class Cluster:
     def _stacks(self, generation: Generation, ranks: list[int]) -> dict[int, str]:
         return generation.stacks(ranks)
 
-    def _follow_tagged(self, generation: Generation, started: float, deadline: float) -> RunRecord:
-        """_follow for one worker process that hosts every rank and tags each message with its rank."""
-        host = generation.workers[0]
-        states = [RankState(rank) for rank in range(self.world)]
-        pending = set(range(self.world))
-        hard = started + deadline
-        first_death: float | None = None
-        with selectors.DefaultSelector() as selector:
-            selector.register(host.conn, selectors.EVENT_READ)
-            selector.register(host.process.sentinel, selectors.EVENT_READ)
-            while pending:
-                limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
-                left = limit - time.monotonic()
-                if left <= 0:
-                    break
-                if not selector.select(timeout=left):
-                    continue
-                try:
-                    while pending and host.readable():
-                        tagged = host.conn.recv()
-                        state = states[tagged.rank]
-                        if isinstance(tagged.message, RankDied):
-                            state.end, state.exitcode = DIED, tagged.message.exitcode
-                            first_death = first_death or time.monotonic()
-                            pending.discard(tagged.rank)
-                        elif absorb(state, tagged.message):
-                            pending.discard(tagged.rank)
-                except (EOFError, OSError):
-                    pass
-                if not host.alive:
-                    host.process.join(0.5)
-                    for rank in pending:
-                        states[rank].end, states[rank].exitcode = DIED, host.process.exitcode
-                    pending.clear()
-        for rank in pending:
-            states[rank].end = STUCK
-        return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
-
     def _echo(self, generation: Generation) -> None:
         for worker in generation.workers:
             text = worker.new_output(limit=None)
@@ -344,7 +314,10 @@ class Cluster:
 
 
 def absorb(state: RankState, message: Any) -> bool:
-    """Take one message of a rank into its state; True once it is the rank's result."""
+    """Take one message of a rank into its state; True once it is how the rank ended."""
+    if isinstance(message, RankDied):  # a rank that is a thread or a loop iteration "died" (exit/kill fault)
+        state.end, state.exitcode = DIED, message.exitcode
+        return True
     if isinstance(message, PlanDone):
         state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
     elif isinstance(message, FunctionDone):

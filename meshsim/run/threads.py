@@ -17,13 +17,18 @@ import faulthandler
 import os
 import queue
 import re
+import selectors
 import threading
+import time
 import warnings
 from typing import Any
 
-from ..wire import FromRank, JoinFailed, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown, dispatch
+from .. import deadlines
+from ..wire import (DIED, STUCK, FromRank, JoinFailed, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown,
+                    dispatch)
 from .interpreter import Interpreter
-from .process import Cluster
+from .process import Cluster, absorb
+from .record import RankState, RunRecord
 from .rank import STACK_SIGNAL, WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
 
 MAX_THREAD_WORLD = 1024
@@ -159,8 +164,40 @@ class ThreadExecutor(Cluster):
             if isinstance(message, FromRank) and message.rank == -1:
                 generation.thread_ranks = message.message
 
-    def _follow(self, generation: Any, started: float, deadline: float) -> Any:
-        return self._follow_tagged(generation, started, deadline)
+    def _follow(self, generation: Any, started: float, deadline: float) -> RunRecord:
+        """Cluster._follow for one host process whose messages carry their rank (meshsim.wire.FromRank)."""
+        host = generation.workers[0]
+        states = [RankState(rank) for rank in range(self.world)]
+        pending = set(range(self.world))
+        hard = started + deadline
+        first_death: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(host.conn, selectors.EVENT_READ)
+            selector.register(host.process.sentinel, selectors.EVENT_READ)
+            while pending:
+                limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
+                left = limit - time.monotonic()
+                if left <= 0:
+                    break
+                if not selector.select(timeout=left):
+                    continue
+                try:
+                    while pending and host.readable():
+                        tagged = host.conn.recv()
+                        if absorb(states[tagged.rank], tagged.message):
+                            pending.discard(tagged.rank)
+                            if states[tagged.rank].end == DIED:
+                                first_death = first_death or time.monotonic()
+                except (EOFError, OSError):
+                    pass
+                if not host.alive:
+                    host.process.join(0.5)
+                    for rank in pending:
+                        states[rank].end, states[rank].exitcode = DIED, host.process.exitcode
+                    pending.clear()
+        for rank in pending:
+            states[rank].end = STUCK
+        return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
 
     def _stacks(self, generation: Any, ranks: list[int]) -> dict[int, str]:
         dump = generation.stacks([0]).get(0, "")

@@ -28,6 +28,7 @@ from datetime import timedelta
 
 from rich.console import Console
 from rich.table import Table
+from raw import check_collectives, destroy_new_groups
 from tiers import tiers_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,18 +116,9 @@ def _raw_rank(rank: int, world: int, port: int, count: int, out: dict) -> None:
         shape, names = SHAPES[i % 2]
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         for d in range(mesh.ndim):
-            group = mesh.get_group(d)
-            x = torch.zeros(world)
-            x[rank] = 1
-            dist.all_reduce(x, group=group)
-            gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(group.size())]
-            dist.all_gather(gathered, torch.tensor([rank]), group=group)
-            dist.broadcast(torch.tensor([rank]), group=group, group_src=0)
+            check_collectives(mesh.get_group(d), rank, world)
         dist.barrier()
-        mesh._flatten_mapping.clear()
-        for pg in list(c10d._world.pg_map):
-            if pg not in baseline:
-                dist.destroy_process_group(pg)
+        destroy_new_groups(mesh, baseline)
     dist.barrier()
     if rank == 0:
         out["rate"] = count / (time.monotonic() - started)

@@ -6,6 +6,7 @@ import resource
 import threading
 import time
 
+from raw import check_collectives, destroy_new_groups
 from rich.table import Table
 
 THREAD_SHAPE, THREAD_NAMES = (4, 4, 4), ("a", "b", "c")
@@ -42,17 +43,9 @@ def raw_threaded_loop(world: int, count: int) -> float:
                 group = mesh.get_group(d)
                 dist.get_process_group_ranks(group)
                 mesh.get_local_rank(d)
-                x = torch.zeros(world)
-                x[rank] = 1
-                dist.all_reduce(x, group=group)
-                gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(group.size())]
-                dist.all_gather(gathered, torch.tensor([rank]), group=group)
-                dist.broadcast(torch.tensor([rank]), group=group, group_src=0)
+                check_collectives(group, rank, world)
             barrier.wait()
-            mesh._flatten_mapping.clear()
-            for pg in list(c10d._world.pg_map):
-                if pg not in baseline:
-                    dist.destroy_process_group(pg)
+            destroy_new_groups(mesh, baseline)
         if rank == 0:
             out["rate"] = count / (time.monotonic() - started)
         dist.destroy_process_group()

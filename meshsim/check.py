@@ -10,15 +10,16 @@ from typing import Any
 
 from . import deadlines
 from .judge.verdict import Result, judge
+from .model.mesh import CPU, Platform
 from .model.predict import Prediction, no_gc, predict, unpredictable
 from .spec.plan import Plan, PlanError, validate
 from .wire import RunPlan
 
 
-def prediction_for(plan: Plan, world: int, deadline: float) -> Prediction:
+def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU) -> Prediction:
     """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell."""
     try:
-        return predict(plan, world, deadline)
+        return predict(plan, world, deadline, platform=platform)
     except Exception as exc:  # the model's own bug becomes a verdict, never a traceback
         return unpredictable(plan, world, exc)
 
@@ -34,7 +35,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
         if not found:
-            found.append(prediction_for(plan, executor.world, deadline))
+            found.append(prediction_for(plan, executor.world, deadline, getattr(executor, "platform", CPU)))
         return found[0]
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work

@@ -114,6 +114,56 @@ REGISTRY: dict[str, Finding] = {
             since="2.0.0",
         ),
         Finding(
+            "unflatten-negative-dim", "_unflatten(-1, ...) keeps the last dim instead of replacing it",
+            "torch-wrong",
+            "_unflatten splices the new dims in with layout[dim:dim + 1] and names[dim:dim + 1]; for dim=-1 that "
+            "slice is empty, so the old last dim stays next to its parts and DeviceMesh refuses the overlapping "
+            "layout: mesh_2x4._unflatten(-1, (2, 2), ('c', 'd')) raises 'AssertionError: Please use a "
+            "non-overlapping layout'. Other negative dims work. Right: a (2, 2, 2) mesh named a, c, d.",
+            since="2.9.0",
+        ),
+        Finding(
+            "concatenate-duplicate-names", "_concatenate accepts meshes whose dim names repeat",
+            "torch-inconsistent",
+            "DeviceMesh._concatenate([m['a'], u['a']]) of orthogonal dims that share a name returns a mesh with "
+            "mesh_dim_names ('a', 'a'); the second dim cannot be addressed by name. Right: refuse it, as "
+            "init_device_mesh refuses repeated names.",
+            since="2.9.0",
+        ),
+        Finding(
+            "from-group-names-unchecked", "DeviceMesh.from_group accepts more names than dims",
+            "torch-inconsistent",
+            "from_group(one_group, names=('x', 'y')) builds a 1-D mesh named x and y; slicing it then fails with "
+            "AssertionError 'The number of dim_group_names and mesh_dim_names should have the same length' (or "
+            "IndexError for the name past the end). Right: refuse the names when the mesh is built.",
+            since="2.9.0",
+        ),
+        Finding(
+            "get-group-foreign-flattened-name", "A submesh answers get_group(name) for a flattened dim it does not have",
+            "docs-vs-code",
+            "After m._flatten('f'), m['c'].get_group('f') returns the flattened group although 'f' is not a dim "
+            "of m['c'] (get_group looks names up in the root's _flatten_mapping first); its mesh_dim_names and "
+            "the docs say the valid names are its own. Right: KeyError, as for any other name it lacks.",
+            since="2.9.0",
+        ),
+        Finding(
+            "mesh-shape-divergence-hangs", "Ranks that build different mesh shapes are not told; some finish, others hang",
+            "torch-inconsistent",
+            "When one rank calls init_device_mesh('cpu', (4, 1)) and the others (2, 2), that rank creates its "
+            "groups and returns while the others wait forever inside init_device_mesh for groups it never joins. "
+            "The docstring only warns that this 'may lead to hanging'. Right: every rank fails (the group "
+            "rendezvous can see the ranks disagree), or every rank waits.",
+            since="2.2.0",
+        ),
+        Finding(
+            "unflatten-docstring-example", "The _unflatten docstring example does not run",
+            "docs-vs-code",
+            "The docstring unflattens an 8-rank 1-D mesh with _unflatten(0, (2, 2, 4), ['dp', 'pp', 'tp']) and "
+            "shows a (2, 2, 2) mesh named ('dp', 'cp', 'tp'). The sizes multiply to 16, not 8, so torch raises "
+            "ValueError; neither the shape nor the names of the shown result match the call.",
+            since="2.9.0",
+        ),
+        Finding(
             "recipe-2d-setup-single-host", "The recipe's 2-D setup without DeviceMesh works on one host only",
             "docs-vs-code",
             "The DeviceMesh recipe says its 2d_setup.py snippet 'can also be used when running on multi hosts "

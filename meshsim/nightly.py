@@ -302,7 +302,7 @@ def hang_report(executor: Any, args: Any, report: Any, name: str, work: Any, rec
     from .judge.diagnose import diagnose
     from .report import make_console, render_diagnosis
 
-    diagnosis = diagnose(record, work.plan, prediction_for(work.plan, executor.world, work.deadline))
+    diagnosis = diagnose(record, work.plan, prediction_for(work.plan, executor.world, work.deadline, executor.platform))
     console = make_console()
     console.print(f"{name}: hang past its {work.deadline:g} s deadline (reported by rank {executor.rank})",
                   style="bold red", markup=False, highlight=False)

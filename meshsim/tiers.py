@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from . import deadlines
 from .model.expect import Err, Quirk
+from .model.mesh import CPU
 from .outcome import UNDEFINED
 from .run.record import RankState, RunRecord
 from .spec.topology import Topology
@@ -67,6 +68,7 @@ def open_executor(topology: Topology, tier: str = "process", deadline: float = d
 class ModelExecutor:
     tier = "model"
     max_world = 1 << 20
+    platform = CPU  # no ranks: the model answers for a CPU cluster
 
     def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S, **_: Any):
         self.topology = topology
@@ -102,7 +104,7 @@ class ModelExecutor:
         if prediction is None:
             from .check import prediction_for
 
-            prediction = prediction_for(work.plan, self.world, work.deadline)
+            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform)
         states = _states(prediction)
         record = RunRecord(self.world, work.deadline, states, time.monotonic() - started,
                            bool(prediction.stuck), tier=self.tier)

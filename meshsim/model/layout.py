@@ -75,10 +75,12 @@ def is_descending(dim: Dim) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def is_disjoint(dim: Dim) -> bool:
-    """Whether no two coordinates share a position."""
-    pos = positions(dim)
-    return len(set(pos)) == len(pos)
+def is_orthogonal(dim: Dim) -> bool:
+    """torch's _FlatLayout.check_orthogonal: with modes sorted by stride (outermost first), each stride is a
+    multiple of the next mode's span. Stricter than disjoint: (2 by 3) with (3 by 2) covers six distinct
+    positions yet interleaves, and torch refuses it."""
+    modes = sorted(((d, s) for s, d in dim), reverse=True)
+    return all(modes[i][0] % (modes[i + 1][0] * modes[i + 1][1]) == 0 for i in range(len(modes) - 1))
 
 
 @lru_cache(maxsize=4096)

@@ -18,6 +18,18 @@ WORLD_KEY = ("world",)
 
 
 @dataclass(frozen=True)
+class Platform:
+    """What the ranks' machine decides: the default device type of a mesh (the backend's), and whether a rank
+    can set a CUDA device (DeviceMesh does so when a "cuda" mesh builds its groups)."""
+
+    device: str = "cpu"
+    cuda: bool = False
+
+
+CPU = Platform()
+
+
+@dataclass(frozen=True)
 class Group:
     """A process group: `ranks` in torch's group-rank order (sorted), `order` in mesh order."""
 
@@ -57,6 +69,8 @@ class MeshModel:
     view: Any = None  # the `mesh` property: nested ranks, or an Err
     coordinate: tuple[int, ...] | None = None
     creation_quirk: Quirk | None = None  # torch built it although it should have refused
+    device: str = "cpu"
+    backend_ready: bool = True  # False: built with _init_backend=False and never given groups
 
     @property
     def root_mesh(self) -> "MeshModel":
@@ -70,17 +84,25 @@ class MeshModel:
     def ndim(self) -> int:
         return len(self.layout)
 
+    def given(self, groups: list[Group]) -> "MeshModel":
+        """The mesh with its dims' groups set after construction (torch sets _dim_group_names)."""
+        self.groups = list(groups)
+        self.backend_ready = True
+        return self
+
     def same_as(self, other: "MeshModel") -> bool:
-        """torch's DeviceMesh.__eq__: same rank map, layout and names."""
-        return self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
+        """torch's DeviceMesh.__eq__ (and its hash key): same rank map, layout, device type and names."""
+        return (self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
+                and self.device == other.device)
 
 
 class RankModel:
     """Every DeviceMesh call of the plan language, on one rank."""
 
-    def __init__(self, rank: int, world: int):
+    def __init__(self, rank: int, world: int, platform: Platform = CPU):
         self.rank = rank
         self.world = world
+        self.platform = platform
         self.group_counter = 0  # torch's _world.group_count: every new_group call bumps it on every rank
         self.calls: list[Call] = []
         self.seq: dict[tuple, int] = {}
@@ -155,63 +177,77 @@ class RankModel:
     # ------------------------------------------------------------------ construction
 
     def construct(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
-                  root: MeshModel | None, init_backend: bool) -> MeshModel:
-        """DeviceMesh.__init__ with a layout over a rank map."""
-        mesh = MeshModel(layout, rank_map, tuple(names) if names else None, root, self.rank)
+                  root: MeshModel | None, init_backend: bool, device: str | None = None,
+                  as_rank: int | None = None) -> MeshModel:
+        """DeviceMesh.__init__ with a layout over a rank map (device: the root's, else the platform's)."""
+        if not L.is_orthogonal(L.collapse(layout)):
+            raise ModelRaise(Err("AssertionError", "Please use a non-overlapping layout"))
+        device = device or (root.device if root is not None else self.platform.device)
+        mesh = MeshModel(layout, rank_map, tuple(names) if names else None, root, self.rank, device=device,
+                         backend_ready=init_backend)
         if init_backend:
             numel = math.prod(L.sizes_of(layout))
             if numel > self.world:
                 raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
+            if device == "cuda" and not self.platform.cuda:
+                raise ModelRaise(Err(None, "cuda"))  # DeviceMesh sets the rank's CUDA device, and there is none
             mesh.groups = self._init_process_groups(layout, rank_map, mesh.names)
-        mesh.view, mesh.coordinate = self._placed(layout, rank_map)
+        mesh.view, mesh.coordinate = self._placed(layout, rank_map, self.rank if as_rank is None else as_rank)
         if isinstance(mesh.view, Err):
             raise ModelRaise(mesh.view)  # __init__ reads the mesh property to find this rank's coordinate
         return mesh
 
-    def _placed(self, layout: L.Layout, rank_map: tuple[int, ...]) -> tuple[Any, tuple[int, ...] | None]:
-        """The `mesh` property (the replica holding this rank, or the only one) and this rank's coordinate."""
+    def _placed(self, layout: L.Layout, rank_map: tuple[int, ...], as_rank: int) -> tuple[Any, tuple[int, ...] | None]:
+        """The `mesh` property (the replica holding this rank, or the only one) and the coordinate of `as_rank`
+        (this rank, unless the mesh was built with _rank=)."""
         try:
             reps = L.shared_replicas(layout, rank_map)
         except L.LayoutError as exc:
             return Err("RuntimeError", str(exc)), None
         shape = L.sizes_of(layout)
-        spots = L.placements(layout, rank_map).get(self.rank, [])
+        where = L.placements(layout, rank_map)
+        spots = where.get(self.rank, [])
         if len(reps) == 1:
             replica = 0
         elif spots:
             replica = spots[0][0]
         else:
             return Err("RuntimeError", "In order to get the mesh Tensor of a DeviceMesh it needs to"), None
+        if as_rank != self.rank:
+            spots = where.get(as_rank, [])
         here = [flat for rep, flat in spots if rep == replica]
         if len(here) > 1:
             raise ModelRaise(Err("AssertionError", "rank_coords.size(0) must be 0 or 1"))
         view = L.shared_view(layout, rank_map, replica)
         return view, (_unravel(here[0], shape) if here else None)
 
-    def init_device_mesh(self, shape: list[int], names: list[str] | None) -> MeshModel:
+    def init_device_mesh(self, shape: list[int], names: list[str] | None, device: str | None = None) -> MeshModel:
         if names is not None:
             if len(set(names)) != len(names):
                 raise ModelRaise(Err("RuntimeError", "Each mesh_dim_name must be unique"))
             if len(shape) != len(names):
                 raise ModelRaise(Err("RuntimeError", "mesh_shape and mesh_dim_names should have same length"))
+        if device and not device.isalpha():
+            raise ModelRaise(Err("RuntimeError", "Device type with index is not supported"))
         layout = L.row_major(tuple(shape))
-        return self.construct(layout, L.identity_map(math.prod(shape)), tuple(names) if names else None, None, True)
+        return self.construct(layout, L.identity_map(math.prod(shape)), tuple(names) if names else None, None, True,
+                              device)
 
     def explicit(self, ranks_flat: list[int], shape: tuple[int, ...], names: list[str] | None,
-                 init_backend: bool = True) -> MeshModel:
+                 init_backend: bool = True, device: str | None = None, as_rank: int | None = None) -> MeshModel:
         """DeviceMesh(device_type, mesh=<nested ranks>)."""
         names_t = tuple(names) if names else None
         ranks_flat = tuple(ranks_flat)
         repeated = L._shared("repeated", (), ranks_flat, lambda: len(set(ranks_flat)) != len(ranks_flat))
         bad_names = names_t is not None and (len(set(names_t)) != len(names_t) or len(names_t) != len(shape))
         if not (repeated or bad_names):
-            return self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend)
+            return self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend, device, as_rank)
         # torch accepts both; the right answer is to reject them on every rank.
         finding = "repeated-rank-accepted" if repeated else "devicemesh-names-unchecked"
         self.findings.add(finding)
         right = Err(None, "")
         try:
-            mesh = self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend)
+            mesh = self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend, device, as_rank)
         except ModelRaise as exc:
             raise ModelRaise(Quirk(right, exc.err, finding)) from None
         mesh.creation_quirk = Quirk(right, None, finding)
@@ -231,16 +267,19 @@ class RankModel:
         valid = [*mesh.names, *flat]
         if not all(n in valid for n in req):
             raise ModelRaise(Err("KeyError", "Valid mesh_dim_names are"))
-        dims = [mesh.layout[mesh.names.index(n)] if n in mesh.names else flat[n] for n in req]
+        dims = [_index(mesh.layout, mesh.names.index(n), "tuple index out of range") if n in mesh.names else flat[n]
+                for n in req]
         merged = L.collapse(tuple(dims))
         if not L.is_descending(merged):
             self.findings.add("slice-order-docstring")
             raise ModelRaise(Quirk(Err("KeyError", "Mesh dim indices should be in ascending order"),
                                    Err("KeyError", "Mesh dim indices should be in ascending order"),
                                    "slice-order-docstring"))
-        if not L.is_disjoint(merged):
+        if not L.is_orthogonal(merged):
             raise ModelRaise(Err("RuntimeError", "Slicing overlapping dim_names"))
         groups: list[Group] = []
+        if mesh.groups and len(mesh.groups) != len(mesh.names):  # names of the wrong length were let through
+            raise ModelRaise(Err("AssertionError", "The number of dim_group_names and mesh_dim_names should have"))
         if mesh.groups:
             for n in req:
                 if n in mesh.names:
@@ -252,9 +291,7 @@ class RankModel:
                     if not source.groups:
                         raise ModelRaise(Err("IndexError", "list index out of range"))
                     groups.append(source.groups[0])
-        sub = self.construct(tuple(dims), root.rank_map, req, root, False)
-        sub.groups = groups
-        return sub
+        return self.construct(tuple(dims), root.rank_map, req, root, False).given(groups)
 
     def flatten(self, mesh: MeshModel, name: str | None) -> MeshModel:
         if not mesh.names:
@@ -292,7 +329,11 @@ class RankModel:
             raise ModelRaise(Err("IndexError", "tuple index out of range"))
         target = mesh.layout[index]
         if math.prod(sizes) != L.size_of(target):
-            raise ModelRaise(Err("ValueError", "These must be equal for unflatten to work correctly"))
+            err = Err("ValueError", "These must be equal for unflatten to work correctly")
+            if mesh.ndim == 1:  # the docstring's own example is such a call
+                self.findings.add("unflatten-docstring-example")
+                raise ModelRaise(Quirk(err, err, "unflatten-docstring-example"))
+            raise ModelRaise(err)
         try:
             parts = L.split(target, tuple(sizes))
         except L.LayoutError:
@@ -300,20 +341,43 @@ class RankModel:
             raise ModelRaise(Quirk(Err(None, ""), Err("AssertionError", ""), "unflatten-bare-assertion")) from None
         if mesh.names is None:
             raise ModelRaise(Err("TypeError", "Invariant encountered"))
+        # torch splices with [dim:dim + 1], so dim=-1 inserts before the last dim instead of replacing it.
         axes = list(mesh.layout)
         axes[index:index + 1] = list(parts)
         all_names = list(mesh.names)
         all_names[index:index + 1] = list(names)
         root = mesh.root_mesh
-        result = self.construct(tuple(axes), root.rank_map, tuple(all_names), root, False)
+        right = self._unflatten_right(mesh, index, parts, names) if index == -1 else None
+        try:
+            result = self.construct(tuple(axes), root.rank_map, tuple(all_names), root, False)
+        except ModelRaise as exc:
+            if right is None:
+                raise
+            self.findings.add("unflatten-negative-dim")
+            raise ModelRaise(Quirk(right, exc.err, "unflatten-negative-dim")) from None
         new_groups = self._init_process_groups(parts, root.rank_map, tuple(names))
         groups = list(mesh.groups)
         groups[index:index + 1] = new_groups
-        result.groups = groups
-        if len(set(all_names)) != len(all_names):
+        result.given(groups)
+        if right is not None:
+            self.findings.add("unflatten-negative-dim")
+            result.creation_quirk = Quirk(right, None, "unflatten-negative-dim")
+        elif len(set(all_names)) != len(all_names):
             self.findings.add("unflatten-duplicate-names")
             result.creation_quirk = Quirk(Err(None, ""), None, "unflatten-duplicate-names")
         return result
+
+    def _unflatten_right(self, mesh: MeshModel, index: int, parts: L.Layout, names: list[str]) -> Any:
+        """What _unflatten(-1, ...) should give: the last dim replaced (observed as a mesh summary)."""
+        from .predict import summary
+
+        end = mesh.ndim + index
+        axes = mesh.layout[:end] + tuple(parts) + mesh.layout[end + 1:]
+        all_names = mesh.names[:end] + tuple(names) + mesh.names[end + 1:]  # type: ignore[index]
+        try:
+            return summary(self.construct(axes, mesh.root_mesh.rank_map, all_names, mesh.root_mesh, False))
+        except ModelRaise as exc:
+            return exc.err
 
     def concatenate(self, meshes: list[MeshModel]) -> MeshModel:
         axes: list[L.Dim] = []
@@ -328,39 +392,46 @@ class RankModel:
             groups.extend(m.groups)
             if m.rank_map != first_map:
                 raise ModelRaise(Err("RuntimeError", "Cannot concatenate DeviceMeshes derived from different device meshs"))
-        if not L.is_disjoint(L.collapse(tuple(axes))):
+        if not L.is_orthogonal(L.collapse(tuple(axes))):
             raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
-        result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False)
-        result.groups = groups
+        result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False).given(groups)
+        if len(set(names)) != len(names):
+            self.findings.add("concatenate-duplicate-names")
+            result.creation_quirk = Quirk(Err(None, ""), None, "concatenate-duplicate-names")
         return result
 
     def from_groups(self, groups: list[Group], layout_flat: list[int] | None, shape: tuple[int, ...] | None,
-                    names: list[str] | None, one_d: bool) -> MeshModel:
+                    names: list[str] | None, one_d: bool, device: str | None = None) -> MeshModel:
         names_t = tuple(names) if names else None
         if one_d:
             group = groups[0]
             ranks = list(group.ranks)
             if layout_flat is not None and (shape != (len(layout_flat),) or tuple(layout_flat) != group.ranks):
                 raise ModelRaise(Err("ValueError", "Invalid mesh"))
-            mesh = self.construct(L.row_major((len(ranks),)), tuple(ranks), names_t, None, False)
-            mesh.groups = [group]
-            return mesh
+            mesh = self.construct(L.row_major((len(ranks),)), tuple(ranks), names_t, None, False, device)
+            return self._names_unchecked(mesh.given([group]))
         if layout_flat is None or shape is None:
             raise ModelRaise(Err("ValueError", "Must pass mesh if passing multiple ProcessGroups"))
         if names_t is None:
             raise ModelRaise(Err("ValueError", "Must pass mesh_dim_names if passing multiple ProcessGroups"))
         if len(shape) != len(groups):
             raise ModelRaise(Err("ValueError", "Expects mesh with ndim equal to number of ProcessGroups"))
-        mesh = self.construct(L.row_major(shape), tuple(layout_flat), names_t, None, False)
-        mesh.groups = list(groups)
+        mesh = self.construct(L.row_major(shape), tuple(layout_flat), names_t, None, False, device)
+        return self._names_unchecked(mesh.given(groups))
+
+    def _names_unchecked(self, mesh: MeshModel) -> MeshModel:
+        """from_group builds the mesh without checking its names (a finding); slicing it then fails."""
+        if mesh.names is not None and len(mesh.names) != mesh.ndim:
+            self.findings.add("from-group-names-unchecked")
+            mesh.creation_quirk = Quirk(Err(None, ""), None, "from-group-names-unchecked")
         return mesh
 
     def all_submeshes(self, mesh: MeshModel, name: str) -> list[MeshModel]:
         index = self.dim_by_name(mesh, name)
         out = []
         for ranks in L.shared_dim_groups(mesh.layout[index], mesh.rank_map):
-            sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False)
-            sub.groups = [mesh.groups[index]] if self.rank in ranks else []
+            sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False, mesh.device)
+            sub.given([mesh.groups[index]] if self.rank in ranks else [])
             out.append(sub)
         return out
 
@@ -375,6 +446,8 @@ class RankModel:
 
     def get_group(self, mesh: MeshModel, dim: int | str | None) -> Group:
         """What torch's get_group returns."""
+        if not mesh.backend_ready:
+            raise ModelRaise(Err("RuntimeError", "DeviceMesh process groups not initialized"))
         if mesh.ndim > 1 and dim is None:
             raise ModelRaise(Err("RuntimeError", "Found the DeviceMesh have"))
         if dim is None:
@@ -388,15 +461,30 @@ class RankModel:
     def group_observation(self, mesh: MeshModel, dim: int | str | None) -> Any:
         """get_process_group_ranks(get_group(dim)), with the right answer where torch's differs."""
         group = self.get_group(mesh, dim)
+        if self._foreign_flattened(mesh, dim):
+            return Quirk(Err("KeyError", "does not exist"), list(group.ranks), "get-group-foreign-flattened-name")
         right_group = self._own_group(mesh, dim, group)
         self._note_order(right_group)
         return quirk(list(right_group.order), list(group.ranks),
                      "get-group-name-shadowed-by-flatten" if right_group is not group else "group-rank-order")
 
+    def _foreign_flattened(self, mesh: MeshModel, dim: int | str | None) -> bool:
+        """Whether get_group(dim) on a submesh answers with a flattened dim of its root that the submesh does
+        not have: torch looks names up in the root's _flatten_mapping first (a finding)."""
+        if not isinstance(dim, str) or mesh.root is None or (mesh.names and dim in mesh.names):
+            return False
+        if dim in mesh.root.flatten_mapping and mesh is not mesh.root.flatten_mapping[dim]:
+            self.findings.add("get-group-foreign-flattened-name")
+            return True
+        return False
+
     def local_rank_observation(self, mesh: MeshModel, dim: int | str | None) -> Any:
         if mesh.ndim > 1 and dim is None:
             raise ModelRaise(Err("RuntimeError", "Found the DeviceMesh have"))
         group = self.get_group(mesh, 0 if dim is None else dim)
+        if self._foreign_flattened(mesh, dim):
+            return Quirk(Err("KeyError", "does not exist"), group.group_rank(self.rank),
+                         "get-group-foreign-flattened-name")
         right_group = self._own_group(mesh, dim, group)
         self._note_order(right_group)
         right = right_group.order.index(self.rank) if self.rank in right_group.order else -1
@@ -441,7 +529,8 @@ class RankModel:
 
     def broadcast(self, group: Group, src: int) -> Any:
         if not 0 <= src < len(group.ranks):
-            raise ModelRaise(Err("ValueError", "Group rank"))
+            # dist.broadcast lets an out-of-range group_src through to the backend, which refuses it.
+            raise ModelRaise(Err("RuntimeError", "invalid root rank"))
         self.collective("broadcast", group, (src,))
         self._note_order(group)
         return quirk(group.order[src], group.ranks[src], "group-rank-order")

@@ -13,7 +13,7 @@ from ..spec.plan import Plan, Step
 from ..wire import DIED, FINISHED, SKIPPED
 from .expect import Err, ModelRaise, Quirk
 from . import layout as L
-from .mesh import Call, Group, MeshModel, RankModel
+from .mesh import CPU, Call, Group, MeshModel, Platform, RankModel
 
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
@@ -54,14 +54,15 @@ class Prediction:
         return self.ranks[rank].observations[step]
 
 
-def predict(plan: Plan, world: int, deadline: float | None = None) -> Prediction:
+def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
+    """`platform`: the ranks' default device type, and whether they can set a CUDA device."""
     L.forget_shared()
     with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
-        return _predict(plan, world, deadline)
+        return _predict(plan, world, deadline, platform)
 
 
-def _predict(plan: Plan, world: int, deadline: float | None) -> Prediction:
-    ranks = [_run_rank(plan, rank, world) for rank in range(world)]
+def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
+    ranks = [_run_rank(plan, rank, world, platform) for rank in range(world)]
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
@@ -71,6 +72,10 @@ def _predict(plan: Plan, world: int, deadline: float | None) -> Prediction:
         dead=[p.rank for p in preds if p.end == DIED], raised=[p.rank for p in preds if p.end not in (FINISHED, DIED)],
         late=late, divergent=divergent_ranks(plan, world), waited_for=[m for s in stuck for m in s.missing])
     prediction = Prediction(world, preds, outcome, stuck, mismatched, culprits, findings)
+    stuck_ranks = {s.rank for s in stuck}
+    if any(s.call.kind == "create" for s in stuck) and any(
+            p.end == FINISHED and p.rank not in stuck_ranks for p in preds):
+        prediction.findings.add("mesh-shape-divergence-hangs")  # some ranks built their groups and went on
     deaths = [min([p.end_step] + [c.step for c in p.calls[-1:]]) for p in preds if p.end == DIED]
     if deaths:
         # Peers of a dead rank see whatever their transport reports (connection closed, timeouts), from the
@@ -132,9 +137,9 @@ def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
     return min(steps, default=0)
 
 
-def predict_rank(plan: Plan, world: int, rank: int) -> list[Any]:
+def predict_rank(plan: Plan, world: int, rank: int, platform: Platform = CPU) -> list[Any]:
     """One rank's predicted observations, without simulating the others (for very large worlds)."""
-    return _run_rank(plan, rank, world).prediction.observations
+    return _run_rank(plan, rank, world, platform).prediction.observations
 
 
 def name_collision(preds: list[RankPrediction]) -> int | None:
@@ -159,8 +164,8 @@ def name_collision(preds: list[RankPrediction]) -> int | None:
 class RankRun:
     """One rank running a plan in the model: the emulated DeviceMesh state, the handles, the prediction."""
 
-    def __init__(self, plan: Plan, rank: int, world: int):
-        self.model = RankModel(rank, world)
+    def __init__(self, plan: Plan, rank: int, world: int, platform: Platform = CPU):
+        self.model = RankModel(rank, world, platform)
         self.prediction = RankPrediction(rank)
         self.handles: dict[str, Any] = {}
         self.plan = plan
@@ -192,8 +197,8 @@ class RankRun:
         return value
 
 
-def _run_rank(plan: Plan, rank: int, world: int) -> RankRun:
-    run = RankRun(plan, rank, world)
+def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> RankRun:
+    run = RankRun(plan, rank, world, platform)
     pred = run.prediction
     for index, st in enumerate(plan.steps):
         if pred.end != FINISHED or not st.runs_on(rank):

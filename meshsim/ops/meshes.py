@@ -81,7 +81,7 @@ class InitDeviceMesh:
     """init_device_mesh(device, shape, mesh_dim_names=names); device defaults to the backend's"""
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.init_device_mesh(list(a["shape"]), a.get("names"))
+        return run.model.init_device_mesh(list(a["shape"]), a.get("names"), a.get("device"))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
@@ -99,21 +99,24 @@ class InitDeviceMesh:
                     expect_error=math.prod(shape) > b.world or None)
 
 
-@operation("mesh", "root", {"layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, ("layout",),
-           F.PRODUCES_MESH, creates_groups=True)
+@operation("mesh", "root", {"layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE, "init_backend": F.BOOL,
+                            "as_rank": F.GROUP_RANK}, ("layout",), F.PRODUCES_MESH, creates_groups=True)
 class ExplicitMesh:
-    """DeviceMesh(device, layout, mesh_dim_names=names): explicit ranks, any order, any subset"""
+    """DeviceMesh(device, layout, mesh_dim_names=names, _init_backend=init_backend, _rank=as_rank): explicit
+    ranks, any order, any subset (beyond the world too, when init_backend is false)"""
 
     def model(run: Any, a: dict) -> Any:
         from ..model.layout import interned
 
         flat = interned(tuple(flatten_layout(a["layout"])))
-        return run.model.explicit(flat, layout_shape(a["layout"]) or (), a.get("names"))
+        return run.model.explicit(flat, layout_shape(a["layout"]) or (), a.get("names"), a.get("init_backend", True),
+                                  a.get("device"), a.get("as_rank"))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.device_mesh import DeviceMesh
 
-        return DeviceMesh(a.get("device", ex.device_type), a["layout"], mesh_dim_names=_tuple(a.get("names")))
+        return DeviceMesh(a.get("device", ex.device_type), a["layout"], mesh_dim_names=_tuple(a.get("names")),
+                          _init_backend=a.get("init_backend", True), _rank=a.get("as_rank"))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
@@ -231,76 +234,116 @@ class Concatenate:
         return step("concatenate", srcs=srcs, out=b.fresh("c"))
 
 
-@operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "layout": F.LAYOUT,
-                                    "names": F.NAMES}, (), F.PRODUCES_MESH)
+@operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "groups": F.GROUP_CHOICES,
+                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH)
 class FromGroup:
-    """DeviceMesh.from_group(groups of src's dims, or a new_group handle; mesh=layout or src's view)"""
+    """DeviceMesh.from_group(groups of src's dims, or a new_group handle, or one handle per dim out of lists of
+    new_group handles; mesh=layout, else src seen from this rank)"""
 
     def check_args(a: dict) -> None:
-        if ("src" in a) == ("group" in a):
-            raise PlanError("needs exactly one of 'src' (with 'dims') or 'group'")
-        if "group" in a and "dims" in a:
-            raise PlanError("'dims' goes with 'src', not with 'group'")
+        if sum(key in a for key in ("src", "group", "groups")) != 1:
+            raise PlanError("needs exactly one of 'src' (with 'dims'), 'group' or 'groups'")
+        if "dims" in a and "src" not in a:
+            raise PlanError("'dims' goes with 'src'")
 
     def model(run: Any, a: dict) -> Any:
         from ..model.expect import Err, ModelRaise
-
         from ..model.layout import interned
 
         model = run.model
         layout = a.get("layout")
         flat = interned(tuple(flatten_layout(layout))) if layout is not None else None
         shape = layout_shape(layout) if layout is not None else None
-        if "group" in a:
-            group = run.resolve(a["group"])
-            if group is None:
+        device = a.get("device")
+        if "group" in a or "groups" in a:
+            groups = [run.resolve(a["group"])] if "group" in a else [
+                _member_of(choices, run.resolve) for choices in a["groups"]]
+            if "group" in a and groups[0] is None:
                 raise ModelRaise(Err("TypeError", "not iterable"))
-            return model.from_groups([group], flat, shape, a.get("names"), one_d=True)
+            if any(g is None for g in groups):
+                raise ModelRaise(Err("AttributeError", "group_name"))
+            return model.from_groups(groups, flat, shape, a.get("names"), "group" in a, device)
         src = run.mesh(a["src"])
         dims = a.get("dims") or list(range(src.ndim))
         groups = [model.get_group(src, d) for d in dims]
-        names = a.get("names")
-        if names is None and src.names:
-            names = [src.names[d] if isinstance(d, int) else d for d in dims]
+        names = _default_names(a.get("names"), src.names, dims)
         if len(dims) > 1 and flat is None:
-            if src.coordinate is None:
-                raise ModelRaise(Err("HandleError", "this rank is not in the source mesh"))
-            indices = [src.names.index(d) if isinstance(d, str) else d for d in dims]
-            flat, shape = restrict_view(model.mesh_view(src), src.coordinate, src.shape, indices)
-        return model.from_groups(groups, flat, shape, names, one_d=len(dims) == 1)
+            flat, shape = _seen_from_here(src, dims, lambda keys: model.mesh_view(model.slice(src, keys)),
+                                          model.mesh_view, src.coordinate, src.shape, src.names)
+        return model.from_groups(groups, flat, shape, names, len(dims) == 1, device or src.device)
 
     def torch(ex: Any, a: dict) -> Any:
         import torch
         from torch.distributed.device_mesh import DeviceMesh
 
-        names = a.get("names")
         layout = a.get("layout")
-        if "group" in a:
-            return DeviceMesh.from_group(ex.resolve(a["group"]), ex.device_type, mesh=layout,
+        if "group" in a or "groups" in a:
+            group = ex.resolve(a["group"]) if "group" in a else [
+                _member_of(choices, ex.resolve) for choices in a["groups"]]
+            names = a.get("names")
+            return DeviceMesh.from_group(group, a.get("device", ex.device_type), mesh=layout,
                                          mesh_dim_names=_tuple(names) if names else None)
         src = ex.mesh(a["src"])
         dims = a.get("dims") or list(range(src.ndim))
         groups = [src.get_group(d) for d in dims]
-        if names is None and src.mesh_dim_names:
-            names = [src.mesh_dim_names[d] if isinstance(d, int) else d for d in dims]
+        names = _default_names(a.get("names"), src.mesh_dim_names, dims)
+        device = a.get("device", src.device_type)
         if len(dims) == 1:
-            return DeviceMesh.from_group(groups[0], src.device_type, mesh=layout,
+            return DeviceMesh.from_group(groups[0], device, mesh=layout,
                                          mesh_dim_names=_tuple(names) if names else None)
         if layout is None:
             coordinate = src.get_coordinate()
-            if coordinate is None:
-                raise ex.HandleError("this rank is not in the source mesh")
-            indices = [src.mesh_dim_names.index(d) if isinstance(d, str) else d for d in dims]
-            flat, shape = restrict_view(src.mesh.tolist(), tuple(coordinate), tuple(src.shape), indices)
+            flat, shape = _seen_from_here(src, dims, lambda keys: src[keys].mesh.tolist(),
+                                          lambda m: m.mesh.tolist(), tuple(coordinate) if coordinate else None,
+                                          tuple(src.shape), src.mesh_dim_names, ex.HandleError)
             layout = torch.tensor(flat, dtype=torch.int).reshape(shape)
-        return DeviceMesh.from_group(groups, src.device_type, mesh=layout,
-                                     mesh_dim_names=_tuple(names) if names else None)
+        return DeviceMesh.from_group(groups, device, mesh=layout, mesh_dim_names=_tuple(names) if names else None)
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         dims = [i for i in range(mesh.ndim) if draw(st.booleans())] or [draw(st.integers(0, mesh.ndim - 1))]
         keys: list[Any] = [mesh.names[i] if mesh.names and draw(st.booleans()) else i for i in dims]
-        return step("from_group", src=handle, dims=keys, out=b.fresh("g"))
+        flattened = list(mesh.root_mesh.flatten_mapping) if mesh.root is None else []
+        if flattened and draw(st.integers(0, 3)) == 0:
+            keys = [draw(st.sampled_from(flattened))] + [k for k in keys if isinstance(k, str)]
+        extra: dict[str, Any] = {}
+        if draw(st.integers(0, 5)) == 0:
+            count = len(keys) + (draw(st.sampled_from([-1, 1])) if allow_errors else 0)
+            extra["names"] = [b.fresh("n") for _ in range(max(1, count))]
+        return step("from_group", src=handle, dims=keys, out=b.fresh("g"), **extra)
+
+
+def _member_of(choices: list[str], resolve: Any) -> Any:
+    """The first of the handles whose group this rank is in (None: it is in none)."""
+    for ref in choices:
+        value = resolve(ref)
+        if value is not None:
+            return value
+    return None
+
+
+def _default_names(names: Any, src_names: Any, dims: list) -> Any:
+    if names is None and src_names:
+        return [src_names[d] if isinstance(d, int) else d for d in dims]
+    return names
+
+
+def _seen_from_here(src: Any, dims: list, sliced_view: Any, view: Any, coordinate: Any, shape: tuple,
+                    names: Any, not_here: Any = None) -> tuple[list[int], tuple[int, ...]]:
+    """The default `mesh=` for from_group over several dims of src: src seen from this rank along those dims
+    (a slice's view when a dim is a flattened name that src itself lacks)."""
+    from ..model.expect import Err, ModelRaise
+
+    if names and any(isinstance(d, str) and d not in names for d in dims):
+        keys = tuple(names[d] if isinstance(d, int) else d for d in dims)
+        nested = sliced_view(keys)
+        return flatten_layout(nested), tuple(layout_shape(nested) or ())
+    if coordinate is None:
+        if not_here is not None:
+            raise not_here("this rank is not in the source mesh")
+        raise ModelRaise(Err("HandleError", "this rank is not in the source mesh"))
+    indices = [names.index(d) if isinstance(d, str) else d for d in dims]
+    return restrict_view(view(src), coordinate, shape, indices)
 
 
 @operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST)

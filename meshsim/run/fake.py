@@ -29,6 +29,7 @@ from .. import deadlines
 from ..spec.topology import Topology
 from ..wire import (DIED, FINISHED, STUCK, UNMOVED, FromRank, PlanDone, RankDied, Ready, RunPlan, RunRanks, Stop,
                     dispatch, digest_ints)
+from ..model.mesh import Platform
 from .generation import ClusterError, Generation
 from .interpreter import Interpreter
 from .rank import WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
@@ -70,6 +71,10 @@ class FakeInterpreter(Interpreter):
         raise RankEnded(-9)
 
     # torch's collective still runs (its argument checks are real); its result is meaningless.
+    @staticmethod
+    def device_of(device_type: str) -> Any:
+        return None  # nothing is moved, so no tensor needs a device (there may be no CUDA on this machine)
+
     def all_reduce(self, group: Any, numel: int, device: Any) -> Any:
         super().all_reduce(group, numel, device)
         return UNMOVED
@@ -166,6 +171,7 @@ class FakeExecutor(Cluster):
 
     tier = "fake"
     max_world = MAX_FAKE_WORLD
+    platform = Platform("cpu", True)  # the fake backend skips DeviceMesh's device setup, so "cuda" meshes build
     worker_target = staticmethod(fake_worker_main)
 
     def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,

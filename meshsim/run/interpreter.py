@@ -45,7 +45,7 @@ class Interpreter:
 
     @staticmethod
     def device_of(device_type: str) -> torch.device:
-        if device_type == "cuda":
+        if device_type.startswith("cuda"):
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import deadlines
+from ..model.mesh import CPU, Platform
 from ..outcome import PASS
 from ..spec.topology import Topology
 from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, RankDied, ScriptDone, Teardown
@@ -52,6 +53,7 @@ class Cluster:
     """
 
     tier = "process"
+    platform = CPU
     max_world = MAX_PROCESS_WORLD
     worker_target = staticmethod(worker_main)
 
@@ -66,6 +68,7 @@ class Cluster:
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
         self.backend = resolve_backend(backend, topology.world)
+        self.platform = Platform("cuda", True) if self.backend == "nccl" else CPU  # the model needs to know
         self.deadline = deadlines.checked(deadline)
         self.start_timeout = deadlines.checked(start_timeout, "start timeout")
         self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying

@@ -31,7 +31,7 @@ PRODUCES_GROUP = "group"
 
 QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
            "mesh_dim_names")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "cpu:0", "cuda:0")
 
 
 def is_int(value: Any) -> bool:
@@ -62,8 +62,9 @@ def flatten_layout(value: Any) -> list[int]:
 class Context:
     """What a field check may know: the world, the handles defined so far, whether the step means to fail."""
 
-    def __init__(self, world: int | None, handles: dict[str, str], expect_error: bool):
+    def __init__(self, world: int | None, handles: dict[str, str], expect_error: bool, no_backend: bool = False):
         self.world, self.handles, self.expect_error = world, handles, expect_error
+        self.no_backend = no_backend  # a mesh built without groups may name ranks beyond the world
 
     def rank(self, what: str, rank: Any) -> None:
         if not is_int(rank):
@@ -144,7 +145,8 @@ def _layout(name: str, value: Any, ctx: Context) -> None:
     if math.prod(shape) > MAX_MESH_NUMEL:
         raise PlanError(f"field {name!r} has {math.prod(shape)} cells; meshsim takes at most {MAX_MESH_NUMEL}")
     for rank in flatten_layout(value):
-        if rank < 0 or (ctx.world is not None and rank >= ctx.world and not ctx.expect_error) or rank > MAX_INT:
+        beyond_ok = ctx.expect_error or ctx.no_backend
+        if rank < 0 or (ctx.world is not None and rank >= ctx.world and not beyond_ok) or rank > MAX_INT:
             raise PlanError(f"layout names rank {rank}, which is not in the world (0..{(ctx.world or 1) - 1})")
 
 
@@ -161,6 +163,16 @@ def _meshes(name: str, value: Any, ctx: Context) -> None:
 
 def _group(name: str, value: Any, ctx: Context) -> None:
     ctx.ref(f"field {name!r}", value, (PRODUCES_GROUP,))
+
+
+def _group_choices(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not value or len(value) > MAX_DEPTH or not all(
+            isinstance(v, list) and v and len(v) <= MAX_INT for v in value):
+        raise PlanError(f"field {name!r} must be a non-empty list (one per dim) of non-empty lists of group "
+                        f"handles, got {str(value)[:80]}")
+    for choices in value:
+        for ref in choices:
+            _group(name, ref, ctx)
 
 
 def _ranks(name: str, value: Any, ctx: Context) -> None:
@@ -214,6 +226,8 @@ LAYOUT = Kind("nested list of ranks (rectangular)", _layout)
 MESH = Kind("a mesh handle (out of an earlier step; `h.0` for an all_submeshes list)", _mesh)
 MESHES = Kind("list of mesh handles", _meshes)
 GROUP = Kind("a process-group handle (out of new_group)", _group)
+GROUP_CHOICES = Kind("one list of new_group handles per dim: each rank takes the first group it is a member of",
+                     _group_choices)
 RANKS = Kind("list of world ranks", _ranks)
 SECONDS = Kind(f"seconds, 0 to {MAX_S:g}", _seconds)
 NUMEL = Kind(f"tensor length, 1 to {MAX_NUMEL}", _bounded_int(1, MAX_NUMEL))
@@ -221,4 +235,4 @@ GROUP_RANK = Kind(f"a rank within the group, 0 to {MAX_INT}", _bounded_int(0, MA
 EXIT_CODE = Kind("exit code, 0 to 255", _bounded_int(0, 255))
 BOOL = Kind("true or false", _bool)
 QUERY = Kind("one of " + ", ".join(QUERIES), _one_of(QUERIES))
-DEVICE = Kind("cpu or cuda (the mesh's device type; default: the backend's)", _one_of(DEVICES))
+DEVICE = Kind("cpu, cuda, cpu:0 or cuda:0 (the mesh's device type; default: the backend's)", _one_of(DEVICES))

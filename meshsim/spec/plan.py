@@ -222,7 +222,8 @@ def _validate_step(st: Step, handles: dict[str, str], world: int | None) -> None
     operation = st.operation
     if not isinstance(st.expect_error, bool):
         raise PlanError(f"expect_error must be true or false, got {st.expect_error!r}")
-    ctx = Context(world, handles, st.expect_error)
+    ctx = Context(world, handles, st.expect_error, no_backend=isinstance(st.args, Mapping)
+                  and st.args.get("init_backend") is False)
     if not isinstance(st.args, Mapping):
         raise PlanError("fields must be a table")
     unknown = set(st.args) - set(operation.fields)

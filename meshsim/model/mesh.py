@@ -36,6 +36,7 @@ class Group:
     key: tuple  # identity shared by every member: ("world",) or (creation counter, ranks)
     ranks: tuple[int, ...]
     order: tuple[int, ...]
+    desc: str = field(default="undefined", compare=False)  # torch's group_desc
 
     def group_rank(self, rank: int) -> int:
         return self.ranks.index(rank) if rank in self.ranks else -1
@@ -108,7 +109,7 @@ class RankModel:
         self.seq: dict[tuple, int] = {}
         self.step = -1
         self.findings: set[str] = set()
-        self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world))
+        self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world), "default_pg")
 
     # ------------------------------------------------------------------ groups and calls
 
@@ -124,12 +125,12 @@ class RankModel:
         members = tuple(ranks_sorted)
         return self._create(members, tuple(order) if order is not None else members)
 
-    def _create(self, members: tuple[int, ...], order: tuple[int, ...]) -> Group:
+    def _create(self, members: tuple[int, ...], order: tuple[int, ...], desc: str = "undefined") -> Group:
         """A valid group this rank is a member of (members sorted): the next name, and a blocking call."""
         key = (self.group_counter, members)
         self.group_counter += 1
         self.calls.append(Call("create", key, members, self.step))
-        return Group(key, members, order)
+        return Group(key, members, order, desc)
 
     def collective(self, op: str, group: Group, detail: tuple = ()) -> None:
         n = self.seq.get(group.key, 0)
@@ -143,20 +144,20 @@ class RankModel:
         for index, dim in enumerate(layout):
             if names and index >= len(names):
                 raise ModelRaise(Err("IndexError", "tuple index out of range"))
-            found.append(self._init_one_group(dim, rank_map))
+            found.append(self._init_one_group(dim, rank_map, f"mesh_{names[index] if names else f'dim_{index}'}"))
         present = [g for g in found if g is not None]
         if present and len(present) != len(found):
             raise ModelRaise(Err("AssertionError", ""))
         return present
 
-    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...]) -> Group | None:
+    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str) -> Group | None:
         """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
         mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
         groups, and the first invalid group, where new_group raises); the others only advance the counter."""
         info = L.dim_info(dim, rank_map, self.world)
         if info.spans_world:
             # A dim spanning the world reuses the default group (whatever order the mesh gives it).
-            return Group(WORLD_KEY, self.world_group.ranks, info.groups[0])
+            return Group(WORLD_KEY, self.world_group.ranks, info.groups[0], self.world_group.desc)
         start = self.group_counter
         bad = info.first_invalid
         mine = None
@@ -164,7 +165,7 @@ class RankModel:
             if bad is not None and index >= bad[0]:
                 break
             self.group_counter = start + index
-            group = self._create(info.sorted[index], info.groups[index])
+            group = self._create(info.sorted[index], info.groups[index], desc)
             if mine is not None:
                 raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
             mine = group
@@ -255,11 +256,13 @@ class RankModel:
 
     # ------------------------------------------------------------------ derived meshes
 
-    def slice(self, mesh: MeshModel, requested: str | list[str]) -> MeshModel:
+    def slice(self, mesh: MeshModel, requested: str | list[str], as_list: bool = False) -> MeshModel:
+        """mesh[names]; as_list: the names passed as a list, which never equals the mesh's own tuple of names,
+        so torch builds a new submesh even for all of them."""
         if not mesh.names:
             raise ModelRaise(Err("RuntimeError", "Cannot slice a DeviceMesh without mesh_dim_names"))
         req = (requested,) if isinstance(requested, str) else tuple(requested)
-        if req == mesh.names:
+        if req == mesh.names and not (as_list and not isinstance(requested, str)):
             return mesh
         root = mesh.root_mesh
         from_root = mesh.same_as(root)
@@ -436,6 +439,14 @@ class RankModel:
         return out
 
     # ------------------------------------------------------------------ queries
+
+    def root_mesh_dim(self, mesh: MeshModel) -> int | None:
+        """_get_root_mesh_dim(): where a 1-D named mesh's dim sits in its root (looked up by name)."""
+        if not mesh.names:
+            return None
+        if len(mesh.names) != 1:
+            raise ModelRaise(Err("AssertionError", "The submesh can only be a 1D mesh"))
+        return self.dim_by_name(mesh.root_mesh, mesh.names[0])
 
     def dim_by_name(self, mesh: MeshModel, name: str) -> int:
         if not mesh.names:

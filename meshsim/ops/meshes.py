@@ -127,16 +127,19 @@ class ExplicitMesh:
 
 # ------------------------------------------------------------------------------------------ derived meshes
 
-@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES}, ("src", "names"), F.PRODUCES_MESH)
+@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL}, ("src", "names"),
+           F.PRODUCES_MESH)
 class Slice:
-    """src[names]"""
+    """src[names] (as_list: src[[names...]], the list form)"""
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.slice(run.mesh(a["src"]), a["names"])
+        return run.model.slice(run.mesh(a["src"]), a["names"], a.get("as_list", False))
 
     def torch(ex: Any, a: dict) -> Any:
         names = a["names"]
-        return ex.mesh(a["src"])[names if isinstance(names, str) else tuple(names)]
+        if isinstance(names, str):
+            return ex.mesh(a["src"])[names]
+        return ex.mesh(a["src"])[list(names) if a.get("as_list") else tuple(names)]
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -155,7 +158,8 @@ class Slice:
             elif mode == 2:
                 picked = picked + ["nope"]
         value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
-        return step("slice", src=handle, names=value, out=b.fresh("s"))
+        as_list = True if not isinstance(value, str) and draw(st.integers(0, 4)) == 0 else None
+        return step("slice", src=handle, names=value, as_list=as_list, out=b.fresh("s"))
 
 
 @operation("flatten", "derive", {"src": F.MESH, "name": F.NAME}, ("src",), F.PRODUCES_MESH, creates_groups=True)

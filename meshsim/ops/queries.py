@@ -50,10 +50,19 @@ def torch_coordinate(mesh: Any) -> list[int] | None:
 @operation("query", "query", {"mesh": F.MESH, "what": F.QUERY, "dim": F.DIM}, ("mesh", "what"))
 class Query:
     """one DeviceMesh query: get_group, get_all_groups, get_local_rank, get_coordinate, size, shape, ndim, mesh,
-    mesh_dim_names"""
+    mesh_dim_names; group_desc (of get_group(dim)), default_group (whether get_group(dim) is the default group
+    object), root_mesh_dim (_get_root_mesh_dim()), device_type"""
 
     def model(run: Any, a: dict) -> Any:
         model, mesh, dim, what = run.model, run.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "group_desc":
+            return model.get_group(mesh, dim).desc
+        if what == "default_group":
+            return model.get_group(mesh, dim).key == model.world_group.key
+        if what == "root_mesh_dim":
+            return model.root_mesh_dim(mesh)
+        if what == "device_type":
+            return mesh.device
         if what == "get_group":
             return model.group_observation(mesh, dim)
         if what == "get_all_groups":
@@ -76,6 +85,14 @@ class Query:
         import torch.distributed as dist
 
         mesh, dim, what = ex.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "group_desc":
+            return mesh.get_group(dim).group_desc
+        if what == "default_group":
+            return mesh.get_group(dim) is dist.distributed_c10d._get_default_group()
+        if what == "root_mesh_dim":
+            return mesh._get_root_mesh_dim()
+        if what == "device_type":
+            return mesh.device_type
         if what == "get_group":
             return dist.get_process_group_ranks(mesh.get_group(dim))
         if what == "get_all_groups":
@@ -98,7 +115,8 @@ class Query:
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         what = draw(st.sampled_from(F.QUERIES))
         dim: Any = None
-        if what in ("get_group", "get_local_rank", "size") and (mesh.ndim > 1 or draw(st.booleans())):
+        if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group") and (
+                mesh.ndim > 1 or draw(st.booleans())):
             choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
             if allow_errors:
                 choices += [mesh.ndim, "nope"]
@@ -189,3 +207,67 @@ class Check:
 
     def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         return st.just(step("check", mesh=handle))
+
+
+@operation("compare", "query", {"a": F.MESH, "b": F.MESH, "dim_a": F.DIM, "dim_b": F.DIM}, ("a", "b"))
+class Compare:
+    """identity of two meshes (a == b, hash(a) == hash(b), a is b), or with dim_a/dim_b of their groups
+    (a.get_group(dim_a) is b.get_group(dim_b), and their ranks are equal)"""
+
+    def model(run: Any, a: dict) -> Any:
+        model, left, right = run.model, run.mesh(a["a"]), run.mesh(a["b"])
+        if "dim_a" in a or "dim_b" in a:
+            ga, gb = model.get_group(left, a.get("dim_a")), model.get_group(right, a.get("dim_b"))
+            return {"same_group": ga.key == gb.key, "same_ranks": ga.ranks == gb.ranks}
+        same = left.same_as(right)
+        return {"equal": same, "same_hash": same, "same_object": left is right}
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch.distributed as dist
+
+        left, right = ex.mesh(a["a"]), ex.mesh(a["b"])
+        if "dim_a" in a or "dim_b" in a:
+            ga, gb = left.get_group(a.get("dim_a")), right.get_group(a.get("dim_b"))
+            return {"same_group": ga is gb,
+                    "same_ranks": dist.get_process_group_ranks(ga) == dist.get_process_group_ranks(gb)}
+        return {"equal": left == right, "same_hash": hash(left) == hash(right), "same_object": left is right}
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        other, other_mesh = draw(st.sampled_from(b.meshes()))
+        if draw(st.booleans()) and mesh.ndim and other_mesh.ndim:
+            dims = {"dim_a": draw(st.sampled_from(list(range(mesh.ndim)) + names_of(mesh))),
+                    "dim_b": draw(st.sampled_from(list(range(other_mesh.ndim)) + names_of(other_mesh)))}
+            return step("compare", a=handle, b=other, **dims)
+        return step("compare", a=handle, b=other)
+
+
+@operation("root_mesh", "derive", {"src": F.MESH}, ("src",), F.PRODUCES_MESH)
+class RootMesh:
+    """src._get_root_mesh(): the mesh src was sliced, flattened or unflattened from (itself for a root)"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.mesh(a["src"]).root_mesh
+
+    def torch(ex: Any, a: dict) -> Any:
+        return ex.mesh(a["src"])._get_root_mesh()
+
+    def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        return st.just(step("root_mesh", src=handle, out=b.fresh("r")))
+
+
+@operation("group_count", "query", {})
+class GroupCount:
+    """how many groups this plan has named so far (torch's _world.group_count, counted from the plan's start;
+    every new_group call counts, members or not)"""
+
+    def model(run: Any, a: dict) -> Any:
+        return run.model.group_counter
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch.distributed.distributed_c10d as c10d
+
+        return c10d._world.group_count - ex.group_base
+
+    def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        return st.just(step("group_count"))

@@ -38,6 +38,7 @@ class Interpreter:
         self.device_type = device_type
         self.progress = progress
         self.handles: dict[str, Any] = {}
+        self.group_base = 0
 
     @property
     def device(self) -> torch.device:
@@ -76,6 +77,9 @@ class Interpreter:
 
     def run(self, plan: Plan) -> tuple[list[Any], str, int | None]:
         """Run every step meant for this rank. Returns (observations, end, end_step)."""
+        import torch.distributed.distributed_c10d as c10d
+
+        self.group_base = c10d._world.group_count  # the group_count step counts from here, as the model does
         observations: list[Any] = []
         for index, st in enumerate(plan.steps):
             if not st.runs_on(self.rank):

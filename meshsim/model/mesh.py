@@ -546,8 +546,27 @@ class RankModel:
         self._note_order(group)
         return quirk(group.order[src], group.ranks[src], "group-rank-order")
 
+    def scatter(self, group: Group, src: int, numel: int) -> Any:
+        """Group rank `src` sends chunk i to group rank i; chunk i holds src's rank and i (see Interpreter)."""
+        if not 0 <= src < len(group.ranks):
+            raise ModelRaise(Err("RuntimeError", "invalid root rank"))
+        self.collective("scatter", group, (src, numel))
+        return scatter_chunk(group.ranks[src], group.group_rank(self.rank), numel)
+
+    def reduce_scatter(self, group: Group, numel: int) -> Any:
+        """Every member sends (its rank + 1) * position; chunk i is summed on group rank i."""
+        self.collective("reduce_scatter", group, (numel,))
+        weight = sum(r + 1 for r in group.ranks)
+        start = group.group_rank(self.rank) * numel
+        return [weight * (start + j + 1) for j in range(numel)]
+
     def barrier(self, group: Group) -> None:
         self.collective("barrier", group)
+
+
+def scatter_chunk(src_rank: int, index: int, numel: int) -> list[int]:
+    """What scatter's chunk `index` holds: values that name the sender and the chunk."""
+    return [src_rank * 1_000_000 + index * 1_000 + j for j in range(numel)]
 
 
 def _index(seq: Any, index: int, message: str = "list index out of range") -> Any:

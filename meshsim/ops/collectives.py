@@ -117,6 +117,50 @@ class Broadcast:
         return step("broadcast", src=draw(st.integers(0, smallest - 1)), **target)
 
 
+@operation("scatter", "collective", {**ON, "src": F.GROUP_RANK, "numel": F.NUMEL})
+class Scatter:
+    """scatter from group rank src (default 0) of one chunk of numel (default 1) per group rank, each chunk
+    naming its sender and index"""
+
+    check_args = check_target
+
+    def model(run: Any, a: dict) -> Any:
+        group = model_group(run, a)
+        return None if group is None else run.model.scatter(group, a.get("src", 0), a.get("numel", 1))
+
+    def torch(ex: Any, a: dict) -> Any:
+        group, device = torch_group(ex, a)
+        return ex.scatter(group, a.get("src", 0), a.get("numel", 1), device) if is_member(group) else None
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        target = draw(draw_target(b, handle, mesh, allow_errors))
+        smallest = 1 if "group" in target or not mesh.shape else min(mesh.shape)
+        return step("scatter", src=draw(st.integers(0, smallest - 1)), numel=draw(st.sampled_from([1, 3])),
+                    **target)
+
+
+@operation("reduce_scatter", "collective", {**ON, "numel": F.NUMEL})
+class ReduceScatter:
+    """reduce_scatter_tensor (sum) of group size x numel (default 1) values per rank, each weighted by the
+    sender's rank + 1, so every chunk tells which ranks were summed"""
+
+    check_args = check_target
+
+    def model(run: Any, a: dict) -> Any:
+        group = model_group(run, a)
+        return None if group is None else run.model.reduce_scatter(group, a.get("numel", 1))
+
+    def torch(ex: Any, a: dict) -> Any:
+        group, device = torch_group(ex, a)
+        return ex.reduce_scatter(group, a.get("numel", 1), device) if is_member(group) else None
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        return step("reduce_scatter", numel=draw(st.sampled_from([1, 2])),
+                    **draw(draw_target(b, handle, mesh, allow_errors)))
+
+
 @operation("barrier", "collective", dict(ON))
 class Barrier:
     """barrier on a mesh dim or a group"""

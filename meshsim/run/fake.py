@@ -87,6 +87,14 @@ class FakeInterpreter(Interpreter):
         super().broadcast(group, src, device)
         return UNMOVED
 
+    def scatter(self, group: Any, src: int, numel: int, device: Any) -> Any:
+        super().scatter(group, src, numel, device)
+        return UNMOVED
+
+    def reduce_scatter(self, group: Any, numel: int, device: Any) -> Any:
+        super().reduce_scatter(group, numel, device)
+        return UNMOVED
+
 
 def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:
     """DeviceMesh's new_group: a valid group without this rank only advances torch's group counter."""

@@ -166,6 +166,25 @@ class Interpreter:
         dist.all_gather(out, torch.tensor([self.rank], device=device), group=group)
         return [int(t.item()) for t in out]
 
+    def scatter(self, group: Any, src: int, numel: int, device: torch.device) -> list[int]:
+        from ..model.mesh import scatter_chunk
+
+        size = dist.get_world_size(group)
+        chunks = None
+        if dist.get_rank(group) == src:
+            chunks = [torch.tensor(scatter_chunk(self.rank, i, numel), dtype=torch.int64, device=device)
+                      for i in range(size)]
+        out = torch.zeros(numel, dtype=torch.int64, device=device)
+        dist.scatter(out, chunks, group=group, group_src=src)
+        return out.tolist()
+
+    def reduce_scatter(self, group: Any, numel: int, device: torch.device) -> list[int]:
+        size = dist.get_world_size(group)
+        x = torch.arange(1, size * numel + 1, dtype=torch.int64, device=device) * (self.rank + 1)
+        out = torch.zeros(numel, dtype=torch.int64, device=device)
+        dist.reduce_scatter_tensor(out, x, group=group)
+        return out.tolist()
+
     def broadcast(self, group: Any, src: int, device: torch.device) -> int:
         t = torch.tensor([self.rank], device=device)
         dist.broadcast(t, group=group, group_src=src)

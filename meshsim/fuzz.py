@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from . import deadlines
 from .check import check, prediction_for
+from .model.mesh import CPU
 from .model import torch_side
 from .outcome import HANG, PASS, UNDEFINED
 from .run.generation import ClusterError
@@ -83,7 +84,7 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(strategy)
     def torch_agrees_with_model(plan: Any) -> None:
-        prediction = prediction_for(plan, world, deadline)
+        prediction = prediction_for(plan, world, deadline, getattr(cluster, "platform", None) or CPU)
         wait = deadline
         if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(deadline, expected_hang_deadline)

@@ -72,16 +72,19 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
     return draw(root.draw(b, None, None, allow_errors, numel=numel))
 
 
-# Derived meshes, queries and collectives, each weighted by how much of DeviceMesh it reaches.
+# Derived meshes, queries, collectives and compositions, each weighted by how much of DeviceMesh it reaches.
+# "root" adds another independent mesh; "composition" a deep chain of steps (see COMPOSITIONS).
 WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
            "query": 2, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
-           "new_group": 1}
+           "scatter": 1, "reduce_scatter": 1, "new_group": 1, "compare": 1, "root_mesh": 1, "group_count": 1,
+           "root": 1, "composition": 3}
 
 
 @st.composite
 def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
           check_every_mesh: bool = False, root_numel: int | None = None) -> Plan:
-    """SPMD plans: a root mesh, then derived meshes, queries, collectives and checks that use earlier results.
+    """SPMD plans: a root mesh, then more roots, derived meshes, deep compositions, queries, collectives and
+    checks that use earlier results.
 
     Each plan enables a random subset of the operations (swarm testing), so rare combinations get room.
     """
@@ -89,13 +92,18 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
     b.add(draw(root_steps(world, allow_errors, numel=root_numel)))
     names = sorted(WEIGHTS)
     enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)
-    menu = [OPERATIONS[n] for n in names if n in enabled for _ in range(WEIGHTS[n])]
+    menu = [n for n in names if n in enabled for _ in range(WEIGHTS[n])]
     for _ in range(draw(st.integers(0, max_steps - 1))):
         meshes = b.meshes()
         if not meshes:
             break
         handle, mesh = draw(st.sampled_from(meshes))
-        made = draw(draw(st.sampled_from(menu)).draw(b, handle, mesh, allow_errors))
+        choice = draw(st.sampled_from(menu))
+        if choice == "composition":
+            draw(compositions(b, handle, mesh, allow_errors))
+            continue
+        made = draw(root_steps(world, allow_errors) if choice == "root" else
+                    OPERATIONS[choice].draw(b, handle, mesh, allow_errors))
         if made is not None:
             b.add(made)
             if check_every_mesh and made.out and made.out in b.run.handles:
@@ -105,6 +113,124 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
     if unchecked:
         b.add(step("check", mesh=unchecked[-1]))
     return b.plan()
+
+
+# --------------------------------------------------------------------------------------------- compositions
+# Chains a random walk rarely completes: each adds its steps to the plan being built, with the model following.
+
+
+@st.composite
+def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """Several _flattens of different dims of one mesh, then each flattened name looked up from the root,
+    from a submesh and from the flattened meshes."""
+    if not mesh.names or mesh.ndim < 2:
+        return
+    made = []
+    for _ in range(draw(st.integers(2, 3))):
+        dims = sorted(draw(st.sets(st.integers(0, mesh.ndim - 1), min_size=1, max_size=mesh.ndim)))
+        src = handle
+        if len(dims) < mesh.ndim:
+            src = b.fresh("s")
+            b.add(step("slice", src=handle, names=[mesh.names[d] for d in dims], out=src))
+        flat, out = b.fresh("fn"), b.fresh("f")
+        made.append((flat, out))
+        b.add(step("flatten", src=src, name=flat, out=out))
+    root = b.fresh("r")
+    b.add(step("root_mesh", src=handle, out=root))
+    for flat, _ in made:
+        where = draw(st.sampled_from([root, handle, made[0][1]]))
+        if draw(st.booleans()):
+            b.add(step("slice", src=where, names=flat, out=b.fresh("s")))
+        else:
+            b.add(step("query", mesh=where, what=draw(st.sampled_from(["get_group", "get_local_rank"])), dim=flat))
+    b.add(step("check", mesh=root))
+
+
+@st.composite
+def _concatenate_both_ways(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """Slices of two disjoint dims, concatenated in both orders (one of them out of order)."""
+    if not mesh.names or mesh.ndim < 2:
+        return
+    first, second = sorted(draw(st.lists(st.integers(0, mesh.ndim - 1), min_size=2, max_size=2, unique=True)))
+    parts = []
+    for d in (first, second):
+        parts.append(b.fresh("s"))
+        b.add(step("slice", src=handle, names=mesh.names[d], out=parts[-1]))
+    for order in (parts, parts[::-1]):
+        out = b.fresh("c")
+        b.add(step("concatenate", srcs=list(order), out=out))
+        b.add(step("check", mesh=out))
+
+
+@st.composite
+def _unflatten_a_flattened_dim(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """_flatten some dims, then _unflatten the flattened mesh into other factors."""
+    if not mesh.names:
+        return
+    flat = b.fresh("f")
+    b.add(step("flatten", src=handle, name=b.fresh("fn"), out=flat))
+    value = b.run.handles.get(flat)
+    if isinstance(value, MeshModel):
+        made = draw(OPERATIONS["unflatten"].draw(b, flat, value, allow_errors))
+        if made is not None:
+            b.add(made)
+            if made.out in b.run.handles:
+                b.add(step("check", mesh=made.out))
+
+
+@st.composite
+def _submesh_of_submesh(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """A slice of a slice (and its submeshes), down to one dim."""
+    for _ in range(3):
+        if not mesh.names:
+            return
+        made = draw(OPERATIONS["slice"].draw(b, handle, mesh, False))
+        b.add(made)
+        value = b.run.handles.get(made.out)
+        if not isinstance(value, MeshModel):
+            return
+        handle, mesh = made.out, value
+    if mesh.names:
+        b.add(step("all_submeshes", src=handle, dim=mesh.names[0], out=b.fresh("l")))
+    b.add(step("check", mesh=handle))
+
+
+@st.composite
+def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """new_group for every group along some dims of a mesh, then DeviceMesh.from_group over those handles."""
+    from .model import layout as L
+
+    if mesh.root is not None or isinstance(mesh.view, Exception) or not mesh.ndim or mesh.coordinate is None:
+        return
+    dims = sorted(draw(st.sets(st.integers(0, mesh.ndim - 1), min_size=1, max_size=mesh.ndim)))
+    choices = []
+    for d in dims:
+        handles = []
+        for ranks in L.shared_dim_groups(mesh.layout[d], mesh.rank_map):
+            handles.append(b.fresh("pg"))
+            b.add(step("new_group", ranks=list(ranks), out=handles[-1]))
+        choices.append(draw(st.permutations(handles)))
+    names = [b.fresh("n") for _ in dims]
+    layout = mesh.view if len(dims) == mesh.ndim else None
+    if len(dims) == 1 and mesh.ndim == 1:
+        layout = mesh.view if draw(st.booleans()) else None
+    out = b.fresh("g")
+    if layout is None and len(dims) > 1:
+        return
+    b.add(step("from_group", groups=choices, layout=layout, names=names if draw(st.integers(0, 3)) else None,
+               out=out))
+    if out in b.run.handles:
+        b.add(step("check", mesh=out))
+        b.add(step("compare", a=out, b=handle))
+
+
+COMPOSITIONS = (_flatten_family, _concatenate_both_ways, _unflatten_a_flattened_dim, _submesh_of_submesh,
+                _from_hand_made_groups)
+
+
+@st.composite
+def compositions(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    draw(draw(st.sampled_from(COMPOSITIONS))(b, handle, mesh, allow_errors))
 
 
 @st.composite

@@ -7,10 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshsim.model import Err, Quirk, predict, torch_side
 from meshsim.model.predict import predict_rank
 from meshsim.spec.plan import Plan, step
+from meshsim.strategies import plans
 
 W = 8
 
@@ -190,3 +193,55 @@ def test_a_rank_that_dies_right_after_making_groups_leaves_its_peers_unpredictab
     assert pred.outcome == "crash" and pred.culprits == [2] and pred.undefined_from == 0
     survivor = Plan((MESH_2D, step("query", mesh="m", what="ndim"), step("kill", only_on=[2])))
     assert predict(survivor, W).undefined_from == 0  # its last call was still in step 0
+
+
+@settings(max_examples=300, database=None)
+@given(st.sampled_from([1, 2, 4, 6, 8]).flatmap(lambda w: st.tuples(st.just(w), plans(w, max_steps=10))))
+def test_the_model_never_raises_on_any_drawn_plan(world_and_plan):
+    world, plan = world_and_plan
+    prediction = predict(plan, world)  # an exception here would be the model's own bug
+    assert len(prediction.ranks) == world
+
+
+def test_a_model_bug_becomes_a_verdict_not_a_traceback(monkeypatch):
+    from meshsim.check import prediction_for
+    from meshsim.model import mesh as model_mesh
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("seeded")
+
+    monkeypatch.setattr(model_mesh.RankModel, "init_device_mesh", broken)
+    prediction = prediction_for(Plan((step("init_device_mesh", shape=[2, 4], out="m"),)), W, 5.0)
+    assert prediction.model_error == "the model cannot predict this plan: ZeroDivisionError: seeded"
+
+
+@pytest.mark.parametrize("steps, rank, expected", [
+    # _unflatten(-1): torch keeps the last dim and refuses the layout; right: a (2, 2, 2) mesh
+    ([step("unflatten", src="m", dim=-1, sizes=[2, 2], names=["c", "d"], out="u")], 0,
+     ("unflatten-negative-dim", Err("AssertionError", "Please use a non-overlapping layout"))),
+    # a submesh answers get_group for a flattened dim of its root that it does not have
+    ([step("flatten", src="m", name="f", out="f"), step("slice", src="m", names="b", out="s"),
+      step("query", mesh="s", what="get_group", dim="f")], 5,
+     ("get-group-foreign-flattened-name", list(range(8)))),
+])
+def test_registered_findings_carry_torchs_side(steps, rank, expected):
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"), *steps))
+    observed = predict(plan, W).ranks[rank].observations[-1]
+    assert isinstance(observed, Quirk) and (observed.finding, observed.torch) == expected
+
+
+def test_concatenating_disjoint_but_interleaved_dims_is_refused_like_torch():
+    plan = Plan((step("init_device_mesh", shape=[6], names=["w"], out="m"),
+                 step("unflatten", src="m", dim=0, sizes=[2, 3], names=["a", "b"], out="u1"),
+                 step("unflatten", src="m", dim=0, sizes=[3, 2], names=["c", "d"], out="u2"),
+                 step("slice", src="u1", names="a", out="s1"), step("slice", src="u2", names="c", out="s2"),
+                 step("concatenate", srcs=["s1", "s2"], out="cc")))
+    assert predict(plan, 6).ranks[0].observations[-1] == Err("RuntimeError", "Cannot concatenate overlapping meshes")
+
+
+def test_a_cuda_mesh_fails_to_build_only_where_no_rank_can_set_a_cuda_device():
+    from meshsim.model.mesh import Platform
+
+    plan = Plan((step("init_device_mesh", shape=[2, 4], device="cuda", out="m"),))
+    assert predict(plan, W).ranks[0].observations[0] == Err(None, "cuda")
+    assert predict(plan, W, platform=Platform("cuda", True)).ranks[0].observations[0]["shape"] == [2, 4]

@@ -420,6 +420,8 @@ class RankModel:
         if len(shape) != len(groups):
             raise ModelRaise(Err("ValueError", "Expects mesh with ndim equal to number of ProcessGroups"))
         mesh = self.construct(L.row_major(shape), tuple(layout_flat), names_t, None, False, device)
+        if any(g is None for g in groups):  # a rank in none of a dim's groups passes None
+            raise ModelRaise(Err("AttributeError", "group_name"))
         return self._names_unchecked(mesh.given(groups))
 
     def _names_unchecked(self, mesh: MeshModel) -> MeshModel:

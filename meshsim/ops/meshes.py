@@ -264,8 +264,6 @@ class FromGroup:
                 _member_of(choices, run.resolve) for choices in a["groups"]]
             if "group" in a and groups[0] is None:
                 raise ModelRaise(Err("TypeError", "not iterable"))
-            if any(g is None for g in groups):
-                raise ModelRaise(Err("AttributeError", "group_name"))
             return model.from_groups(groups, flat, shape, a.get("names"), "group" in a, device)
         src = run.mesh(a["src"])
         dims = a.get("dims") or list(range(src.ndim))

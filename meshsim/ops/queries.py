@@ -162,7 +162,7 @@ class Check:
                 continue
             entry["group"] = model.group_observation(mesh, index)
             entry["local_rank"] = model.local_rank_observation(mesh, index)
-            if mesh.names:
+            if mesh.names and index < len(mesh.names):  # from_group lets names of the wrong length through
                 name = mesh.names[index]
                 entry["group_by_name"] = _model_attempt(model.group_observation, mesh, name)
                 entry["local_rank_by_name"] = _model_attempt(model.local_rank_observation, mesh, name)
@@ -191,12 +191,12 @@ class Check:
                 continue
             entry["group"] = dist.get_process_group_ranks(group)
             entry["local_rank"] = mesh.get_local_rank(index)
-            if names:
+            if names and index < len(names):
                 name = names[index]
                 entry["group_by_name"] = _torch_attempt(lambda: dist.get_process_group_ranks(mesh.get_group(name)))
                 entry["local_rank_by_name"] = _torch_attempt(mesh.get_local_rank, name)
             if a.get("collectives", True):
-                ex.progress.context = (handle, names[index] if names else index)
+                ex.progress.context = (handle, names[index] if names and index < len(names) else index)
                 device = ex.device_of(mesh.device_type)
                 entry["all_reduce"] = ex.all_reduce(group, ex.world, device)
                 entry["all_gather"] = ex.all_gather(group, device)

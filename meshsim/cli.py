@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -70,11 +71,11 @@ def _tier_options(parser: argparse.ArgumentParser) -> None:
                              "spread) instead of all")
 
 
-def _open(topology: Any, args: argparse.Namespace, deadline: float) -> Any:
+def _open(topology: Any, args: argparse.Namespace, deadline: float, **options: Any) -> Any:
     from .tiers import open_executor
 
     return open_executor(topology, args.tier, deadline=deadline, ranks=args.ranks, backend=args.backend,
-                         setup=args.setup, start_timeout=args.start_timeout)
+                         setup=args.setup, start_timeout=args.start_timeout, **options)
 
 
 def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, what: str = "") -> None:
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--save", metavar="DIR", default="meshsim-failures",
                     help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
     fz.add_argument("--json", action="store_true", help="print the report as JSON")
+    fz.add_argument("--coverage", action="store_true",
+                    help="measure line and branch coverage of torch's device_mesh.py and _mesh_layout.py in the "
+                         "ranks (process tier), and print what was never reached")
     _cluster_options(fz, deadline=PLAN_S)
     _tier_options(fz)
 
@@ -242,7 +246,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     )
 
     from .fuzz import fuzz
-    from .report import render_result
+    from .report import render_draws, render_reach, render_result
     from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
@@ -251,7 +255,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     err = make_console(stderr=True)
     columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
-    with _open(topology, args, args.deadline) as cluster, \
+    measured = tempfile.TemporaryDirectory(prefix="meshsim-coverage-") if args.coverage else None
+    options = {"coverage_dir": measured.name} if measured else {}
+    with _open(topology, args, args.deadline, **options) as cluster, \
             Progress(*columns, console=err, transient=True, disable=args.json) as progress:
         task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
         started = time.monotonic()
@@ -265,6 +271,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
         report = fuzz(cluster, args.examples, seed=args.seed, deadline=args.deadline, max_steps=args.max_steps,
                       divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example)
+    if measured is not None:  # the ranks have stopped and saved what they reached
+        from .torch_coverage import combine
+
+        report.reach = combine(measured.name)
+        measured.cleanup()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return EXIT_OK if report.passed else EXIT_FAIL
@@ -275,6 +286,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
               f"= {report.rate:.1f} plans/s; outcomes {dict(report.outcomes)}")
     if report.findings:
         out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
+    render_draws(report, out, full=args.coverage)
+    if report.reach is not None:
+        render_reach(report.reach, out)
     if report.passed:
         out.print("[bold green]torch agrees with the model on every plan[/]")
         return EXIT_OK

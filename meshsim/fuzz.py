@@ -37,6 +37,9 @@ class FuzzReport:
     saved: Path | None = None
     time_to_failure: float | None = None
     notes: list[str] = field(default_factory=list)  # what the tier could not check (each note once)
+    ops: Counter = field(default_factory=Counter)  # how often each operation was drawn
+    pairs: Counter = field(default_factory=Counter)  # ... and each pair of consecutive operations
+    reach: Any = None  # meshsim.torch_coverage.Reach, when measured
     replayed_on: str | None = None  # the smaller world and tier that still shows the failure, if any
 
     @property
@@ -50,7 +53,9 @@ class FuzzReport:
     def to_json(self) -> dict:
         return {"topology": str(self.topology), "examples": self.examples, "shrink_runs": self.shrink_runs,
                 "elapsed_s": round(self.elapsed, 2), "examples_per_s": round(self.rate, 2), "passed": self.passed,
-                "outcomes": dict(self.outcomes), "findings": dict(self.findings),
+                "outcomes": dict(self.outcomes), "findings": dict(self.findings), "ops": dict(self.ops),
+                "pairs": {f"{a} -> {b}": n for (a, b), n in self.pairs.most_common()},
+                "torch_coverage": self.reach.to_json() if self.reach is not None else None,
                 "failure": self.failure.to_json() if self.failure is not None else None,
                 "saved": str(self.saved) if self.saved else None}
 
@@ -98,6 +103,9 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
         else:
             report.examples += 1
             report.outcomes[result.outcome] += 1
+            ops = [s.op for s in plan.steps]
+            report.ops.update(ops)
+            report.pairs.update(zip(ops, ops[1:]))
             for fid in result.findings:
                 report.findings[fid] += 1
             report.notes.extend(n for n in result.notes if n not in report.notes)

@@ -122,3 +122,45 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
         for ranks, text in diagnosis.stacks:
             console.print(f"  Python stack of ranks {ranks_text(ranks)}:", style="bold")
             console.print("    " + text.replace("\n", "\n    "), style="dim", markup=False, highlight=False)
+
+
+def render_draws(report: Any, console: Console, full: bool = False) -> None:
+    """How often each operation, and each pair of consecutive operations, was drawn."""
+    if not report.ops:
+        return
+    console.print("ops drawn: " + ", ".join(f"{op} {n}" for op, n in report.ops.most_common()), markup=False,
+                  highlight=False)
+    console.print(f"{len(report.pairs)} distinct consecutive pairs drawn", highlight=False)
+    if not full:
+        return
+    table = Table(title="consecutive pairs drawn (rarest last)", title_justify="left")
+    for column in ("first", "then", "times"):
+        table.add_column(column)
+    for (first, then), n in report.pairs.most_common():
+        table.add_row(first, then, str(n))
+    console.print(table)
+
+
+def render_reach(reach: Any, console: Console) -> None:
+    """Coverage of torch's DeviceMesh code, and where it was never reached."""
+    table = Table(title="torch DeviceMesh code reached (excluding the reviewed CPU-unreachable code)",
+                  title_justify="left")
+    for column in ("file", "lines", "branches", "lines never run", "branches never taken (from->to)"):
+        table.add_column(column)
+    for f in reach.files:
+        table.add_row(f.path, f"{f.line_percent:.1f}%", f"{f.branch_percent:.1f}%",
+                      _ranges(f.missing_lines), ", ".join(f"{a}->{b}" for a, b in f.missing_branches))
+    console.print(table)
+    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of both files "
+                  f"({len(reach.reasons)} reviewed exclusions, see meshsim/data/coverage-exclusions.toml)",
+                  highlight=False)
+
+
+def _ranges(lines: list[int]) -> str:
+    out: list[str] = []
+    for line in lines:
+        if out and out[-1].split("-")[-1] == str(line - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{line}"
+        else:
+            out.append(str(line))
+    return ", ".join(out)

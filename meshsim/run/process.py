@@ -60,13 +60,14 @@ class Cluster:
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
-                 echo: Callable[[int, str], None] | None = None):
+                 echo: Callable[[int, str], None] | None = None, coverage_dir: str | None = None):
         if topology.world > self.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the {self.tier} tier runs at most "
                                f"{self.max_world} (larger worlds: --tier thread up to 1,024, fake up to 16,384 "
                                "and more, model for layouts alone)")
         self.topology = topology
         self.setup = setup  # run on every rank of every generation (a callable, or "module:function")
+        self.coverage_dir = coverage_dir  # measure torch's DeviceMesh code in the ranks (meshsim.torch_coverage)
         self.backend = resolve_backend(backend, topology.world)
         self.platform = Platform("cuda", True) if self.backend == "nccl" else CPU  # the model needs to know
         self.deadline = deadlines.checked(deadline)
@@ -133,7 +134,8 @@ class Cluster:
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
                        self.backend, os.path.join(self._tmp.name, f"stacks-{number}-{rank}"),
                        os.path.join(self._tmp.name, f"output-{number}-{rank}"), self.start_timeout, self.script,
-                       self.simulated_gpus)
+                       self.simulated_gpus,
+                       os.path.join(self.coverage_dir, "rank") if self.coverage_dir else None)
             for rank in range(self.world)
         ]
 

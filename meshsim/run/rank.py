@@ -43,6 +43,7 @@ class WorkerSpec:
     start_timeout_s: float  # joining the world; torch's waits follow from it by torch_wait()
     script: bool = False  # a bare rank for `meshsim launch`: the user's script makes its own process group
     simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
+    coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.torch_coverage)
 
 
 def _die_with_parent() -> None:
@@ -101,6 +102,11 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     if spec.script:
         serve_script(spec, conn)
         return
+    measure = None
+    if spec.coverage_file:
+        from ..torch_coverage import start_in_rank
+
+        measure = start_in_rank(spec.coverage_file)
     try:
         session = RankSession.join(spec.backend, spec.rank, topology.world, conn.send,
                                    store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
@@ -108,18 +114,28 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
     conn.send(Ready(os.getpid()))
-    serve(session, conn)
+    serve(session, conn, measure)
 
 
-def serve(session: "RankSession", conn: Any) -> None:
-    """The worker's command loop: one command at a time from the controller, until Stop or the pipe closes."""
+def serve(session: "RankSession", conn: Any, measure: Any = None) -> None:
+    """The worker's command loop: one command at a time from the controller, until Stop or the pipe closes.
+    `measure`: a running coverage.py measurement, saved after every plan (a rank killed for a hang keeps what
+    it reached up to that plan)."""
 
     def stop(message: Stop) -> None:
         session.dist.destroy_process_group()
+        if measure is not None:
+            measure.save()
         os._exit(0)
 
+    def run_plan(message: RunPlan) -> None:
+        done = session.run_plan(message.plan, message.deadline)
+        if measure is not None:
+            measure.save()
+        conn.send(done)
+
     handlers: dict[type, Callable[[Any], Any]] = {
-        RunPlan: lambda m: conn.send(session.run_plan(m.plan, m.deadline)),
+        RunPlan: run_plan,
         RunFunction: lambda m: conn.send(session.run_function(m.payload, m.deadline)),
         Teardown: lambda m: session.teardown(m.next_group_count),
         Stop: stop,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from .model.mesh import MeshModel
 from .model.predict import RankRun, observe_step
 from .ops import OPERATIONS, of_role
-from .ops.meshes import dim_names, mesh_shapes, rank_layouts  # noqa: F401 -- part of this module's API
+from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
 from .spec.plan import Plan, Step, step
 from .spec.topology import Topology
 
@@ -123,7 +123,7 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
 def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """Several _flattens of different dims of one mesh, then each flattened name looked up from the root,
     from a submesh and from the flattened meshes."""
-    if not mesh.names or mesh.ndim < 2:
+    if not well_named(mesh) or mesh.ndim < 2:
         return
     made = []
     for _ in range(draw(st.integers(2, 3))):
@@ -149,7 +149,7 @@ def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_
 @st.composite
 def _concatenate_both_ways(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """Slices of two disjoint dims, concatenated in both orders (one of them out of order)."""
-    if not mesh.names or mesh.ndim < 2:
+    if not well_named(mesh) or mesh.ndim < 2:
         return
     first, second = sorted(draw(st.lists(st.integers(0, mesh.ndim - 1), min_size=2, max_size=2, unique=True)))
     parts = []

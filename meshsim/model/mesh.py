@@ -281,6 +281,8 @@ class RankModel:
         if not L.is_orthogonal(merged):
             raise ModelRaise(Err("RuntimeError", "Slicing overlapping dim_names"))
         groups: list[Group] = []
+        if not mesh.backend_ready:
+            raise ModelRaise(Err("AttributeError", "_dim_group_names"))
         if mesh.groups and len(mesh.groups) != len(mesh.names):  # names of the wrong length were let through
             raise ModelRaise(Err("AssertionError", "The number of dim_group_names and mesh_dim_names should have"))
         if mesh.groups:
@@ -358,10 +360,11 @@ class RankModel:
                 raise
             self.findings.add("unflatten-negative-dim")
             raise ModelRaise(Quirk(right, exc.err, "unflatten-negative-dim")) from None
-        new_groups = self._init_process_groups(parts, root.rank_map, tuple(names))
-        groups = list(mesh.groups)
-        groups[index:index + 1] = new_groups
-        result.given(groups)
+        if mesh.backend_ready:  # torch makes the new dims' groups only when the mesh has groups
+            new_groups = self._init_process_groups(parts, root.rank_map, tuple(names))
+            groups = list(mesh.groups)
+            groups[index:index + 1] = new_groups
+            result.given(groups)
         if right is not None:
             self.findings.add("unflatten-negative-dim")
             result.creation_quirk = Quirk(right, None, "unflatten-negative-dim")
@@ -391,6 +394,8 @@ class RankModel:
             axes.extend(m.layout)
             if m.names is None:
                 raise ModelRaise(Err("TypeError", "Invariant encountered"))
+            if not m.backend_ready:
+                raise ModelRaise(Err("AttributeError", "_dim_group_names"))
             names.extend(m.names)
             groups.extend(m.groups)
             if m.rank_map != first_map:
@@ -435,6 +440,8 @@ class RankModel:
         index = self.dim_by_name(mesh, name)
         out = []
         for ranks in L.shared_dim_groups(mesh.layout[index], mesh.rank_map):
+            if self.rank in ranks and not mesh.backend_ready:  # torch reads the groups only where it is a member
+                raise ModelRaise(Err("AttributeError", "_dim_group_names"))
             sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False, mesh.device)
             sub.given([mesh.groups[index]] if self.rank in ranks else [])
             out.append(sub)

@@ -69,6 +69,11 @@ def names_of(mesh: Any) -> list[str]:
     return list(mesh.names) if mesh.names else []
 
 
+def well_named(mesh: Any) -> bool:
+    """One name per dim (torch lets some meshes through with names of another length)."""
+    return bool(mesh.names) and len(mesh.names) == mesh.ndim
+
+
 def _tuple(names: Any) -> tuple | None:
     return tuple(names) if names is not None else None
 
@@ -95,7 +100,10 @@ class InitDeviceMesh:
         if allow_errors and draw(st.integers(0, 19)) == 0:
             shape = shape + [2]  # larger than the world now and then: torch must refuse
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
-        return step("init_device_mesh", shape=shape, names=names, out=b.fresh("m"),
+        if allow_errors and names and draw(st.integers(0, 14)) == 0:
+            names = draw(st.sampled_from([names + [names[0]], names[:-1] or ["x", "y"], [names[0]] * len(names)]))
+        device = draw(st.sampled_from([None, None, None, "cpu", "cpu:0"] if allow_errors else [None, "cpu"]))
+        return step("init_device_mesh", shape=shape, names=names, device=device, out=b.fresh("m"),
                     expect_error=math.prod(shape) > b.world or None)
 
 
@@ -122,7 +130,12 @@ class ExplicitMesh:
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
         shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world))
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
-        return step("mesh", layout=draw(rank_layouts(b.world, shape)), names=names, out=b.fresh("m"))
+        layout = draw(rank_layouts(b.world, shape))
+        if draw(st.integers(0, 9)) == 0:  # a mesh that never builds groups, seen as another rank
+            return step("mesh", layout=layout, names=names, init_backend=False,
+                        as_rank=draw(st.integers(0, b.world - 1)), out=b.fresh("m"))
+        device = draw(st.sampled_from([None, None, "cpu", "cpu:0"]))
+        return step("mesh", layout=layout, names=names, device=device, out=b.fresh("m"))
 
 
 # ------------------------------------------------------------------------------------------ derived meshes
@@ -197,7 +210,7 @@ class Unflatten:
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
-        if not mesh.names:
+        if not well_named(mesh):
             return None
         splittable = [i for i, s in enumerate(mesh.shape) if s > 1]
         if not splittable:
@@ -212,7 +225,11 @@ class Unflatten:
         names = [b.fresh("u") for _ in sizes]
         if allow_errors and draw(st.integers(0, 9)) == 0:
             names[0] = draw(st.sampled_from(names_of(mesh)))
-        key: Any = mesh.names[dim] if draw(st.booleans()) else dim
+        key: Any = draw(st.sampled_from([mesh.names[dim], dim, dim - mesh.ndim]))
+        if allow_errors and draw(st.integers(0, 9)) == 0:
+            key = draw(st.sampled_from([mesh.ndim, "nope"]))
+        if allow_errors and draw(st.integers(0, 14)) == 0:
+            names = names[:-1]
         return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"))
 
 
@@ -304,11 +321,13 @@ class FromGroup:
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         dims = [i for i in range(mesh.ndim) if draw(st.booleans())] or [draw(st.integers(0, mesh.ndim - 1))]
-        keys: list[Any] = [mesh.names[i] if mesh.names and draw(st.booleans()) else i for i in dims]
+        keys: list[Any] = [mesh.names[i] if well_named(mesh) and draw(st.booleans()) else i for i in dims]
         flattened = list(mesh.root_mesh.flatten_mapping) if mesh.root is None else []
         if flattened and draw(st.integers(0, 3)) == 0:
             keys = [draw(st.sampled_from(flattened))] + [k for k in keys if isinstance(k, str)]
         extra: dict[str, Any] = {}
+        if len(keys) == 1 and allow_errors and mesh.coordinate is not None and draw(st.integers(0, 5)) == 0:
+            extra["layout"] = draw(rank_layouts(b.world, [mesh.shape[dims[0]]]))  # usually not the group: refused
         if draw(st.integers(0, 5)) == 0:
             count = len(keys) + (draw(st.sampled_from([-1, 1])) if allow_errors else 0)
             extra["names"] = [b.fresh("n") for _ in range(max(1, count))]

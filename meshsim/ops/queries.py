@@ -51,7 +51,7 @@ def torch_coordinate(mesh: Any) -> list[int] | None:
 class Query:
     """one DeviceMesh query: get_group, get_all_groups, get_local_rank, get_coordinate, size, shape, ndim, mesh,
     mesh_dim_names; group_desc (of get_group(dim)), default_group (whether get_group(dim) is the default group
-    object), root_mesh_dim (_get_root_mesh_dim()), device_type"""
+    object), root_mesh_dim (_get_root_mesh_dim()), device_type, current (`with mesh:` makes it the current mesh)"""
 
     def model(run: Any, a: dict) -> Any:
         model, mesh, dim, what = run.model, run.mesh(a["mesh"]), a.get("dim"), a["what"]
@@ -63,6 +63,8 @@ class Query:
             return model.root_mesh_dim(mesh)
         if what == "device_type":
             return mesh.device
+        if what == "current":
+            return True
         if what == "get_group":
             return model.group_observation(mesh, dim)
         if what == "get_all_groups":
@@ -93,6 +95,11 @@ class Query:
             return mesh._get_root_mesh_dim()
         if what == "device_type":
             return mesh.device_type
+        if what == "current":
+            from torch.distributed.device_mesh import _mesh_resources
+
+            with mesh:
+                return _mesh_resources.get_current_mesh() is mesh
         if what == "get_group":
             return dist.get_process_group_ranks(mesh.get_group(dim))
         if what == "get_all_groups":
@@ -116,7 +123,7 @@ class Query:
         what = draw(st.sampled_from(F.QUERIES))
         dim: Any = None
         if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group") and (
-                mesh.ndim > 1 or draw(st.booleans())):
+                mesh.ndim == 1 or draw(st.integers(0, 5)) > 0):
             choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
             if allow_errors:
                 choices += [mesh.ndim, "nope"]
@@ -220,7 +227,7 @@ class Compare:
             ga, gb = model.get_group(left, a.get("dim_a")), model.get_group(right, a.get("dim_b"))
             return {"same_group": ga.key == gb.key, "same_ranks": ga.ranks == gb.ranks}
         same = left.same_as(right)
-        return {"equal": same, "same_hash": same, "same_object": left is right}
+        return {"equal": same, "same_hash": same, "same_stable_hash": same, "same_object": left is right}
 
     def torch(ex: Any, a: dict) -> Any:
         import torch.distributed as dist
@@ -230,7 +237,8 @@ class Compare:
             ga, gb = left.get_group(a.get("dim_a")), right.get_group(a.get("dim_b"))
             return {"same_group": ga is gb,
                     "same_ranks": dist.get_process_group_ranks(ga) == dist.get_process_group_ranks(gb)}
-        return {"equal": left == right, "same_hash": hash(left) == hash(right), "same_object": left is right}
+        return {"equal": left == right, "same_hash": hash(left) == hash(right),
+                "same_stable_hash": left._stable_hash() == right._stable_hash(), "same_object": left is right}
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:

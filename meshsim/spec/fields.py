@@ -30,7 +30,7 @@ PRODUCES_MESH_LIST = "mesh_list"
 PRODUCES_GROUP = "group"
 
 QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
-           "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type")
+           "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type", "current")
 DEVICES = ("cpu", "cuda", "cpu:0", "cuda:0")
 
 

@@ -75,7 +75,7 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
 # Derived meshes, queries, collectives and compositions, each weighted by how much of DeviceMesh it reaches.
 # "root" adds another independent mesh; "composition" a deep chain of steps (see COMPOSITIONS).
 WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
-           "query": 2, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
+           "query": 4, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
            "scatter": 1, "reduce_scatter": 1, "new_group": 1, "compare": 1, "root_mesh": 1, "group_count": 1,
            "root": 1, "composition": 3}
 
@@ -135,6 +135,8 @@ def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_
         flat, out = b.fresh("fn"), b.fresh("f")
         made.append((flat, out))
         b.add(step("flatten", src=src, name=flat, out=out))
+    again = draw(st.sampled_from([handle, src]))
+    b.add(step("flatten", src=again, name=made[0][0], out=b.fresh("f")))  # the cached mesh, or refused
     root = b.fresh("r")
     b.add(step("root_mesh", src=handle, out=root))
     for flat, _ in made:

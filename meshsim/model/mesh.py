@@ -137,25 +137,27 @@ class RankModel:
         self.seq[group.key] = n + 1
         self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail))
 
-    def _init_process_groups(self, layout: L.Layout, rank_map: tuple[int, ...],
-                             names: tuple[str, ...] | None) -> list[Group]:
-        """DeviceMesh._init_process_groups: one group per replica of every dim, in mesh order."""
+    def _init_process_groups(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
+                             forced: tuple[bool, ...] = ()) -> list[Group]:
+        """DeviceMesh._init_process_groups: one group per replica of every dim, in mesh order. `forced`: the dims
+        with a backend_override, which get new groups even where the dim spans the world."""
         found: list[Group | None] = []
         for index, dim in enumerate(layout):
             if names and index >= len(names):
                 raise ModelRaise(Err("IndexError", "tuple index out of range"))
-            found.append(self._init_one_group(dim, rank_map, f"mesh_{names[index] if names else f'dim_{index}'}"))
+            found.append(self._init_one_group(dim, rank_map, f"mesh_{names[index] if names else f'dim_{index}'}",
+                                              index < len(forced) and forced[index]))
         present = [g for g in found if g is not None]
         if present and len(present) != len(found):
             raise ModelRaise(Err("AssertionError", ""))
         return present
 
-    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str) -> Group | None:
+    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str, forced: bool = False) -> Group | None:
         """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
         mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
         groups, and the first invalid group, where new_group raises); the others only advance the counter."""
         info = L.dim_info(dim, rank_map, self.world)
-        if info.spans_world:
+        if info.spans_world and not forced:
             # A dim spanning the world reuses the default group (whatever order the mesh gives it).
             return Group(WORLD_KEY, self.world_group.ranks, info.groups[0], self.world_group.desc)
         start = self.group_counter
@@ -179,7 +181,7 @@ class RankModel:
 
     def construct(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
                   root: MeshModel | None, init_backend: bool, device: str | None = None,
-                  as_rank: int | None = None) -> MeshModel:
+                  as_rank: int | None = None, forced: tuple[bool, ...] = ()) -> MeshModel:
         """DeviceMesh.__init__ with a layout over a rank map (device: the root's, else the platform's)."""
         if not L.is_orthogonal(L.collapse(layout)):
             raise ModelRaise(Err("AssertionError", "Please use a non-overlapping layout"))
@@ -192,7 +194,7 @@ class RankModel:
                 raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
             if device == "cuda" and not self.platform.cuda:
                 raise ModelRaise(Err(None, "cuda"))  # DeviceMesh sets the rank's CUDA device, and there is none
-            mesh.groups = self._init_process_groups(layout, rank_map, mesh.names)
+            mesh.groups = self._init_process_groups(layout, rank_map, mesh.names, forced)
         mesh.view, mesh.coordinate = self._placed(layout, rank_map, self.rank if as_rank is None else as_rank)
         if isinstance(mesh.view, Err):
             raise ModelRaise(mesh.view)  # __init__ reads the mesh property to find this rank's coordinate
@@ -222,17 +224,19 @@ class RankModel:
         view = L.shared_view(layout, rank_map, replica)
         return view, (_unravel(here[0], shape) if here else None)
 
-    def init_device_mesh(self, shape: list[int], names: list[str] | None, device: str | None = None) -> MeshModel:
+    def init_device_mesh(self, shape: list[int], names: list[str] | None, device: str | None = None,
+                         overrides: list | None = None) -> MeshModel:
         if names is not None:
             if len(set(names)) != len(names):
                 raise ModelRaise(Err("RuntimeError", "Each mesh_dim_name must be unique"))
             if len(shape) != len(names):
                 raise ModelRaise(Err("RuntimeError", "mesh_shape and mesh_dim_names should have same length"))
+        forced = normalized_overrides(overrides, len(shape), names) if overrides is not None else ()
         if device and not device.isalpha():
             raise ModelRaise(Err("RuntimeError", "Device type with index is not supported"))
         layout = L.row_major(tuple(shape))
         return self.construct(layout, L.identity_map(math.prod(shape)), tuple(names) if names else None, None, True,
-                              device)
+                              device, forced=forced)
 
     def explicit(self, ranks_flat: list[int], shape: tuple[int, ...], names: list[str] | None,
                  init_backend: bool = True, device: str | None = None, as_rank: int | None = None) -> MeshModel:
@@ -298,7 +302,7 @@ class RankModel:
                     groups.append(source.groups[0])
         return self.construct(tuple(dims), root.rank_map, req, root, False).given(groups)
 
-    def flatten(self, mesh: MeshModel, name: str | None) -> MeshModel:
+    def flatten(self, mesh: MeshModel, name: str | None, override: bool = False) -> MeshModel:
         if not mesh.names:
             raise ModelRaise(Err("RuntimeError", "Cannot flatten a DeviceMesh without mesh_dim_names"))
         name = name or "_".join(mesh.names)
@@ -315,11 +319,12 @@ class RankModel:
             if existing.layout == flat:
                 return existing
             raise ModelRaise(Err("ValueError", "has been created before"))
-        result = self.construct(flat, root.rank_map, (name,), root, True)
+        result = self.construct(flat, root.rank_map, (name,), root, True, forced=(override,))
         root.flatten_mapping[name] = result
         return result
 
-    def unflatten(self, mesh: MeshModel, dim: int | str, sizes: list[int], names: list[str]) -> MeshModel:
+    def unflatten(self, mesh: MeshModel, dim: int | str, sizes: list[int], names: list[str],
+                  overrides: list | None = None) -> MeshModel:
         if isinstance(dim, int) and dim >= mesh.ndim:
             raise ModelRaise(Err("ValueError", "specified in `_unflatten` is out of range"))
         if isinstance(dim, str):
@@ -330,6 +335,7 @@ class RankModel:
         if len(sizes) != len(names):
             raise ModelRaise(Err("RuntimeError", "mesh_dim_names must have same length as mesh_sizes"))
         index = mesh.names.index(dim) if isinstance(dim, str) else dim  # type: ignore[union-attr]
+        forced = normalized_overrides(overrides, len(sizes), names) if overrides is not None else ()
         if index < -mesh.ndim:
             raise ModelRaise(Err("IndexError", "tuple index out of range"))
         target = mesh.layout[index]
@@ -361,7 +367,7 @@ class RankModel:
             self.findings.add("unflatten-negative-dim")
             raise ModelRaise(Quirk(right, exc.err, "unflatten-negative-dim")) from None
         if mesh.backend_ready:  # torch makes the new dims' groups only when the mesh has groups
-            new_groups = self._init_process_groups(parts, root.rank_map, tuple(names))
+            new_groups = self._init_process_groups(parts, root.rank_map, tuple(names), forced)
             groups = list(mesh.groups)
             groups[index:index + 1] = new_groups
             result.given(groups)
@@ -439,7 +445,7 @@ class RankModel:
     def all_submeshes(self, mesh: MeshModel, name: str) -> list[MeshModel]:
         index = self.dim_by_name(mesh, name)
         out = []
-        for ranks in L.shared_dim_groups(mesh.layout[index], mesh.rank_map):
+        for ranks in L.shared_dim_groups(_index(mesh.layout, index, "tuple index out of range"), mesh.rank_map):
             if self.rank in ranks and not mesh.backend_ready:  # torch reads the groups only where it is a member
                 raise ModelRaise(Err("AttributeError", "_dim_group_names"))
             sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False, mesh.device)
@@ -571,6 +577,29 @@ class RankModel:
 
     def barrier(self, group: Group) -> None:
         self.collective("barrier", group)
+
+
+def normalized_overrides(overrides: list, ndim: int, names: Any) -> tuple[bool, ...]:
+    """torch's _normalize_backend_override: each dim's override by name or by index (not both), and no key left
+    over. Returns which dims have one."""
+    left = list(dict.fromkeys(key for key, _ in overrides))  # a dict in torch: a repeated key counts once
+    forced = []
+    for index in range(ndim):
+        name = names[index] if names and index < len(names) else None
+        if name is not None and name in left:
+            if index in left:
+                raise ModelRaise(Err("RuntimeError", f"Found redundant dim index {index} and name {name} in "
+                                                     "backend_override"))
+            left.remove(name)
+            forced.append(True)
+        elif index in left:
+            left.remove(index)
+            forced.append(True)
+        else:
+            forced.append(False)
+    if left:
+        raise ModelRaise(Err("RuntimeError", f"Found invalid keys in backend_override: got {left!r}"))
+    return tuple(forced)
 
 
 def scatter_chunk(src_rank: int, index: int, numel: int) -> list[int]:

@@ -29,10 +29,10 @@ def prime_factors(n: int) -> list[int]:
 
 @st.composite
 def mesh_shapes(draw: Any, world: int, max_dims: int = 5, allow_smaller: bool = True,
-                allow_size_one: bool = True) -> list[int]:
+                allow_size_one: bool = True, smaller_one_in: int = 10) -> list[int]:
     """A shape whose product is the world (mostly) or smaller; every factorisation is reachable."""
     numel = world
-    if allow_smaller and draw(st.integers(0, 9)) == 0:
+    if allow_smaller and draw(st.integers(0, smaller_one_in - 1)) == 0:
         numel = draw(st.integers(1, world))
     ndim = draw(st.integers(1, max_dims))
     shape = [1] * ndim
@@ -78,21 +78,40 @@ def _tuple(names: Any) -> tuple | None:
     return tuple(names) if names is not None else None
 
 
+def _overrides(a: dict) -> dict | None:
+    pairs = a.get("backend_override")
+    return {key: backend for key, backend in pairs} if pairs is not None else None
+
+
+@st.composite
+def draw_overrides(draw: Any, ndim: int, names: Any, allow_errors: bool) -> Any:
+    """Now and then a backend_override: by index or by name, and (errors) both, or a key that is neither."""
+    if draw(st.integers(0, 5)) > 0:
+        return None
+    keys: list[Any] = list(range(ndim)) + list(names or [])
+    if allow_errors:
+        keys += [ndim + 1, "nope"]
+    return [[key, "gloo"] for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2))]
+
+
 # ------------------------------------------------------------------------------------------ roots
 
-@operation("init_device_mesh", "root", {"shape": F.SHAPE, "names": F.NAMES, "device": F.DEVICE}, ("shape",),
-           F.PRODUCES_MESH, creates_groups=True)
+@operation("init_device_mesh", "root", {"shape": F.SHAPE, "names": F.NAMES, "device": F.DEVICE,
+                                        "backend_override": F.OVERRIDES}, ("shape",), F.PRODUCES_MESH,
+           creates_groups=True)
 class InitDeviceMesh:
-    """init_device_mesh(device, shape, mesh_dim_names=names); device defaults to the backend's"""
+    """init_device_mesh(device, shape, mesh_dim_names=names, backend_override=...); device defaults to the
+    backend's"""
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.init_device_mesh(list(a["shape"]), a.get("names"), a.get("device"))
+        return run.model.init_device_mesh(list(a["shape"]), a.get("names"), a.get("device"),
+                                          a.get("backend_override"))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(a.get("device", ex.device_type), tuple(a["shape"]),
-                                mesh_dim_names=_tuple(a.get("names")))
+                                mesh_dim_names=_tuple(a.get("names")), backend_override=_overrides(a))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
@@ -104,6 +123,7 @@ class InitDeviceMesh:
             names = draw(st.sampled_from([names + [names[0]], names[:-1] or ["x", "y"], [names[0]] * len(names)]))
         device = draw(st.sampled_from([None, None, None, "cpu", "cpu:0"] if allow_errors else [None, "cpu"]))
         return step("init_device_mesh", shape=shape, names=names, device=device, out=b.fresh("m"),
+                    backend_override=draw(draw_overrides(len(shape), names, allow_errors)),
                     expect_error=math.prod(shape) > b.world or None)
 
 
@@ -128,9 +148,12 @@ class ExplicitMesh:
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
-        shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world))
+        shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world, smaller_one_in=3))
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
         layout = draw(rank_layouts(b.world, shape))
+        if allow_errors and math.prod(shape) > 1 and draw(st.integers(0, 59)) == 0:
+            flat = flatten_layout(layout)
+            layout = nest([flat[1]] + flat[1:], shape)  # a rank named twice: torch does not refuse it
         if draw(st.integers(0, 9)) == 0:  # a mesh that never builds groups, seen as another rank
             return step("mesh", layout=layout, names=names, init_backend=False,
                         as_rank=draw(st.integers(0, b.world - 1)), out=b.fresh("m"))
@@ -175,15 +198,20 @@ class Slice:
         return step("slice", src=handle, names=value, as_list=as_list, out=b.fresh("s"))
 
 
-@operation("flatten", "derive", {"src": F.MESH, "name": F.NAME}, ("src",), F.PRODUCES_MESH, creates_groups=True)
+@operation("flatten", "derive", {"src": F.MESH, "name": F.NAME, "backend": F.TEXT}, ("src",), F.PRODUCES_MESH,
+           creates_groups=True)
 class Flatten:
-    """src._flatten(name)"""
+    """src._flatten(name, backend_override=backend)"""
+
+    def check_args(a: dict) -> None:
+        if "backend" in a and a["backend"] not in F.BACKENDS:
+            raise PlanError(f"backend must be one of {', '.join(F.BACKENDS)}, got {a['backend']!r}")
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.flatten(run.mesh(a["src"]), a.get("name"))
+        return run.model.flatten(run.mesh(a["src"]), a.get("name"), "backend" in a)
 
     def torch(ex: Any, a: dict) -> Any:
-        return ex.mesh(a["src"])._flatten(a.get("name"))
+        return ex.mesh(a["src"])._flatten(a.get("name"), backend_override=a.get("backend"))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -194,19 +222,23 @@ class Flatten:
         elif choice == 3 and allow_errors:
             existing = names_of(mesh.root_mesh) + list(mesh.root_mesh.flatten_mapping)
             name = draw(st.sampled_from(existing)) if existing else None
-        return step("flatten", src=handle, name=name, out=b.fresh("f"))
+        backend = "gloo" if draw(st.integers(0, 5)) == 0 else None
+        return step("flatten", src=handle, name=name, backend=backend, out=b.fresh("f"))
 
 
-@operation("unflatten", "derive", {"src": F.MESH, "dim": F.DIM, "sizes": F.SHAPE, "names": F.NAMES},
-           ("src", "dim", "sizes", "names"), F.PRODUCES_MESH, creates_groups=True)
+@operation("unflatten", "derive", {"src": F.MESH, "dim": F.DIM, "sizes": F.SHAPE, "names": F.NAMES,
+                                   "backend_override": F.OVERRIDES}, ("src", "dim", "sizes", "names"),
+           F.PRODUCES_MESH, creates_groups=True)
 class Unflatten:
-    """src._unflatten(dim, sizes, names)"""
+    """src._unflatten(dim, sizes, names, backend_override=...)"""
 
     def model(run: Any, a: dict) -> Any:
-        return run.model.unflatten(run.mesh(a["src"]), a["dim"], list(a["sizes"]), list(a["names"]))
+        return run.model.unflatten(run.mesh(a["src"]), a["dim"], list(a["sizes"]), list(a["names"]),
+                                   a.get("backend_override"))
 
     def torch(ex: Any, a: dict) -> Any:
-        return ex.mesh(a["src"])._unflatten(a["dim"], tuple(a["sizes"]), tuple(a["names"]))
+        return ex.mesh(a["src"])._unflatten(a["dim"], tuple(a["sizes"]), tuple(a["names"]),
+                                            backend_override=_overrides(a))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -230,7 +262,8 @@ class Unflatten:
             key = draw(st.sampled_from([mesh.ndim, "nope"]))
         if allow_errors and draw(st.integers(0, 14)) == 0:
             names = names[:-1]
-        return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"))
+        return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"),
+                    backend_override=draw(draw_overrides(len(sizes), names, allow_errors)))
 
 
 @operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH)

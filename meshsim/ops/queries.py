@@ -123,7 +123,7 @@ class Query:
         what = draw(st.sampled_from(F.QUERIES))
         dim: Any = None
         if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group") and (
-                mesh.ndim == 1 or draw(st.integers(0, 5)) > 0):
+                draw(st.integers(0, 5)) > 0 if mesh.ndim > 1 else draw(st.booleans())):
             choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
             if allow_errors:
                 choices += [mesh.ndim, "nope"]

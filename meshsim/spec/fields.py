@@ -32,6 +32,7 @@ PRODUCES_GROUP = "group"
 QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
            "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type", "current")
 DEVICES = ("cpu", "cuda", "cpu:0", "cuda:0")
+BACKENDS = ("gloo",)  # what backend_override may name: the one every tier's CPU ranks have
 
 
 def is_int(value: Any) -> bool:
@@ -175,6 +176,14 @@ def _group_choices(name: str, value: Any, ctx: Context) -> None:
             _group(name, ref, ctx)
 
 
+def _overrides(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or len(value) > MAX_DEPTH or not all(
+            isinstance(pair, list) and len(pair) == 2 and (isinstance(pair[0], str) or is_int(pair[0]))
+            and pair[1] in BACKENDS for pair in value):
+        raise PlanError(f"field {name!r} must be a list of [dim index or name, backend] pairs with backend one of "
+                        f"{', '.join(BACKENDS)}, got {str(value)[:80]}")
+
+
 def _ranks(name: str, value: Any, ctx: Context) -> None:
     ctx.ranks(f"field {name!r}", value)
     if not value:
@@ -226,6 +235,7 @@ LAYOUT = Kind("nested list of ranks (rectangular)", _layout)
 MESH = Kind("a mesh handle (out of an earlier step; `h.0` for an all_submeshes list)", _mesh)
 MESHES = Kind("list of mesh handles", _meshes)
 GROUP = Kind("a process-group handle (out of new_group)", _group)
+OVERRIDES = Kind("backend_override as [[dim index or name, \"gloo\"], ...]", _overrides)
 GROUP_CHOICES = Kind("one list of new_group handles per dim: each rank takes the first group it is a member of",
                      _group_choices)
 RANKS = Kind("list of world ranks", _ranks)

@@ -261,6 +261,55 @@ def memory_section() -> None:
     console.print(table)
 
 
+def soak_section(plans: int = 5000, every: int = 500) -> None:
+    """Memory, file descriptors and threads of the controller and every worker over a long sweep of generated
+    plans, each measured against its value after the first 100 plans (goal: within 10 MB, fds/threads flat)."""
+    import os
+
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from meshsim import Cluster, Topology
+    from meshsim.check import check
+    from meshsim.strategies import plans as plan_strategy
+
+    plans = int(os.environ.get("MESHSIM_SOAK_PLANS", plans))
+
+    def sample(pids: list[int]) -> list[tuple[float, int, int]]:
+        out = []
+        for pid in pids:
+            with open(f"/proc/{pid}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh)
+            out.append((int(fields["VmRSS"].split()[0]) / 1024, len(os.listdir(f"/proc/{pid}/fd")),
+                        int(fields["Threads"])))
+        return out
+
+    samples: list[tuple[int, list]] = []
+    with Cluster(Topology(2, 4)) as cluster:
+        count = [0]
+
+        @settings(max_examples=plans, database=None, phases=[Phase.generate], deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(plan_strategy(8))
+        def sweep(plan):
+            check(cluster, plan, 5.0)
+            count[0] += 1
+            if count[0] == 100 or count[0] % every == 0:
+                samples.append((count[0], sample([os.getpid()] + list(cluster.pids))))
+
+        sweep()
+    base = samples[0][1]
+    table = Table(title=f"Soak: {count[0]} generated plans at 2x4 (growth since plan 100)")
+    for col in ("after plans", "controller RSS MB", "workers RSS MB (max growth)", "fds (max growth)",
+                "threads (max growth)"):
+        table.add_column(col, justify="right")
+    for n, now in samples:
+        growth = [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for a, b in zip(now, base)]
+        table.add_row(str(n), f"{now[0][0]:.0f} ({growth[0][0]:+.1f})",
+                      f"{max(g[0] for g in growth[1:]):+.1f}", f"{max(g[1] for g in growth):+d}",
+                      f"{max(g[2] for g in growth):+d}")
+    console.print(table)
+
+
 MESH_ONLY = """
 import os
 import torch.distributed as dist
@@ -308,7 +357,7 @@ def launch_section(rounds: int = 3) -> None:
 
 SECTIONS = {"start": start_section, "launch": launch_section, "plans": plans_section, "fuzz": fuzz_section, "find": find_section,
             "memory": memory_section, "tiers": lambda: tiers_section(console),
-            "tiers-big": lambda: tiers_section(console, big=True)}
+            "tiers-big": lambda: tiers_section(console, big=True), "soak": soak_section}
 
 if __name__ == "__main__":
     sys.path[:0] = [HERE, TESTS]  # before the first cluster: its workers import from both

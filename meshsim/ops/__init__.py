@@ -61,6 +61,14 @@ def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, req
     return register
 
 
+def rarely(draw: Callable[..., Any], one_in: int) -> bool:
+    """True once in `one_in` draws. The rare branch sits at the top of the range, so that shrinking (which moves
+    integers toward 0) leaves it: a counterexample keeps an exotic choice only when the failure needs it."""
+    from hypothesis import strategies as st
+
+    return draw(st.integers(0, one_in - 1)) == one_in - 1
+
+
 def of_role(*roles: str) -> list[Operation]:
     return [op for op in OPERATIONS.values() if op.role in roles]
 

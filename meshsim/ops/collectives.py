@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.fields import PlanError
 from ..spec.plan import step
-from . import operation
+from . import operation, rarely
 from .meshes import names_of
 
 ON = {"mesh": F.MESH, "dim": F.DIM, "group": F.GROUP}
@@ -49,7 +49,7 @@ def is_member(group: Any) -> bool:
 def draw_target(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> dict:
     groups = [h for h, v in b.run.handles.items() if v is not None and not isinstance(v, list)
               and type(v).__name__ == "Group"]
-    if groups and draw(st.integers(0, 4)) == 0:
+    if groups and rarely(draw, 5):
         return {"group": draw(st.sampled_from(groups))}
     choices: list[Any] = list(range(mesh.ndim)) + [-1 - i for i in range(mesh.ndim)] + names_of(mesh)
     if mesh.ndim > 1 or draw(st.booleans()):

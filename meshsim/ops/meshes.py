@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.fields import PlanError, flatten_layout, layout_shape
 from ..spec.plan import restrict_view, step
-from . import operation
+from . import operation, rarely
 
 # ------------------------------------------------------------------------------------------ drawing helpers
 
@@ -86,7 +86,7 @@ def _overrides(a: dict) -> dict | None:
 @st.composite
 def draw_overrides(draw: Any, ndim: int, names: Any, allow_errors: bool) -> Any:
     """Now and then a backend_override: by index or by name, and (errors) both, or a key that is neither."""
-    if draw(st.integers(0, 5)) > 0:
+    if not rarely(draw, 6):
         return None
     keys: list[Any] = list(range(ndim)) + list(names or [])
     if allow_errors:
@@ -116,10 +116,10 @@ class InitDeviceMesh:
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
         shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world))
-        if allow_errors and draw(st.integers(0, 19)) == 0:
+        if allow_errors and rarely(draw, 20):
             shape = shape + [2]  # larger than the world now and then: torch must refuse
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
-        if allow_errors and names and draw(st.integers(0, 14)) == 0:
+        if allow_errors and names and rarely(draw, 15):
             names = draw(st.sampled_from([names + [names[0]], names[:-1] or ["x", "y"], [names[0]] * len(names)]))
         device = draw(st.sampled_from([None, None, None, "cpu", "cpu:0"] if allow_errors else [None, "cpu"]))
         return step("init_device_mesh", shape=shape, names=names, device=device, out=b.fresh("m"),
@@ -151,10 +151,10 @@ class ExplicitMesh:
         shape = draw(mesh_shapes(numel, allow_smaller=False) if numel else mesh_shapes(b.world, smaller_one_in=3))
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
         layout = draw(rank_layouts(b.world, shape))
-        if allow_errors and math.prod(shape) > 1 and draw(st.integers(0, 59)) == 0:
+        if allow_errors and math.prod(shape) > 1 and rarely(draw, 60):
             flat = flatten_layout(layout)
             layout = nest([flat[1]] + flat[1:], shape)  # a rank named twice: torch does not refuse it
-        if draw(st.integers(0, 9)) == 0:  # a mesh that never builds groups, seen as another rank
+        if rarely(draw, 10):  # a mesh that never builds groups, seen as another rank
             return step("mesh", layout=layout, names=names, init_backend=False,
                         as_rank=draw(st.integers(0, b.world - 1)), out=b.fresh("m"))
         device = draw(st.sampled_from([None, None, "cpu", "cpu:0"]))
@@ -194,7 +194,7 @@ class Slice:
             elif mode == 2:
                 picked = picked + ["nope"]
         value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
-        as_list = True if not isinstance(value, str) and draw(st.integers(0, 4)) == 0 else None
+        as_list = True if not isinstance(value, str) and rarely(draw, 5) else None
         return step("slice", src=handle, names=value, as_list=as_list, out=b.fresh("s"))
 
 
@@ -222,7 +222,7 @@ class Flatten:
         elif choice == 3 and allow_errors:
             existing = names_of(mesh.root_mesh) + list(mesh.root_mesh.flatten_mapping)
             name = draw(st.sampled_from(existing)) if existing else None
-        backend = "gloo" if draw(st.integers(0, 5)) == 0 else None
+        backend = "gloo" if rarely(draw, 6) else None
         return step("flatten", src=handle, name=name, backend=backend, out=b.fresh("f"))
 
 
@@ -252,15 +252,15 @@ class Unflatten:
         sizes = [1] * parts
         for factor in prime_factors(mesh.shape[dim]):
             sizes[draw(st.integers(0, parts - 1))] *= factor
-        if allow_errors and draw(st.integers(0, 9)) == 0:
+        if allow_errors and rarely(draw, 10):
             sizes[0] += 1  # product no longer matches
         names = [b.fresh("u") for _ in sizes]
-        if allow_errors and draw(st.integers(0, 9)) == 0:
+        if allow_errors and rarely(draw, 10):
             names[0] = draw(st.sampled_from(names_of(mesh)))
         key: Any = draw(st.sampled_from([mesh.names[dim], dim, dim - mesh.ndim]))
-        if allow_errors and draw(st.integers(0, 9)) == 0:
+        if allow_errors and rarely(draw, 10):
             key = draw(st.sampled_from([mesh.ndim, "nope"]))
-        if allow_errors and draw(st.integers(0, 14)) == 0:
+        if allow_errors and rarely(draw, 15):
             names = names[:-1]
         return step("unflatten", src=handle, dim=key, sizes=sizes, names=names, out=b.fresh("u"),
                     backend_override=draw(draw_overrides(len(sizes), names, allow_errors)))
@@ -318,7 +318,7 @@ class FromGroup:
         src = run.mesh(a["src"])
         dims = a.get("dims") or list(range(src.ndim))
         groups = [model.get_group(src, d) for d in dims]
-        names = _default_names(a.get("names"), src.names, dims)
+        names = _default_names(a.get("names"), src.names, dims, src.ndim)
         if len(dims) > 1 and flat is None:
             flat, shape = _seen_from_here(src, dims, lambda keys: model.mesh_view(model.slice(src, keys)),
                                           model.mesh_view, src.coordinate, src.shape, src.names)
@@ -338,7 +338,7 @@ class FromGroup:
         src = ex.mesh(a["src"])
         dims = a.get("dims") or list(range(src.ndim))
         groups = [src.get_group(d) for d in dims]
-        names = _default_names(a.get("names"), src.mesh_dim_names, dims)
+        names = _default_names(a.get("names"), src.mesh_dim_names, dims, src.ndim)
         device = a.get("device", src.device_type)
         if len(dims) == 1:
             return DeviceMesh.from_group(groups[0], device, mesh=layout,
@@ -356,12 +356,12 @@ class FromGroup:
         dims = [i for i in range(mesh.ndim) if draw(st.booleans())] or [draw(st.integers(0, mesh.ndim - 1))]
         keys: list[Any] = [mesh.names[i] if well_named(mesh) and draw(st.booleans()) else i for i in dims]
         flattened = list(mesh.root_mesh.flatten_mapping) if mesh.root is None else []
-        if flattened and draw(st.integers(0, 3)) == 0:
+        if flattened and rarely(draw, 4):
             keys = [draw(st.sampled_from(flattened))] + [k for k in keys if isinstance(k, str)]
         extra: dict[str, Any] = {}
-        if len(keys) == 1 and allow_errors and mesh.coordinate is not None and draw(st.integers(0, 5)) == 0:
+        if len(keys) == 1 and allow_errors and mesh.coordinate is not None and rarely(draw, 6):
             extra["layout"] = draw(rank_layouts(b.world, [mesh.shape[dims[0]]]))  # usually not the group: refused
-        if draw(st.integers(0, 5)) == 0:
+        if rarely(draw, 6):
             count = len(keys) + (draw(st.sampled_from([-1, 1])) if allow_errors else 0)
             extra["names"] = [b.fresh("n") for _ in range(max(1, count))]
         return step("from_group", src=handle, dims=keys, out=b.fresh("g"), **extra)
@@ -376,8 +376,10 @@ def _member_of(choices: list[str], resolve: Any) -> Any:
     return None
 
 
-def _default_names(names: Any, src_names: Any, dims: list) -> Any:
-    if names is None and src_names:
+def _default_names(names: Any, src_names: Any, dims: list, ndim: int) -> Any:
+    """The names from_group passes when the plan gives none: src's names of those dims (none when src's names
+    are not one per dim)."""
+    if names is None and src_names and len(src_names) == ndim:
         return [src_names[d] if isinstance(d, int) else d for d in dims]
     return names
 

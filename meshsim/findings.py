@@ -160,7 +160,8 @@ REGISTRY: dict[str, Finding] = {
             "docs-vs-code",
             "The docstring unflattens an 8-rank 1-D mesh with _unflatten(0, (2, 2, 4), ['dp', 'pp', 'tp']) and "
             "shows a (2, 2, 2) mesh named ('dp', 'cp', 'tp'). The sizes multiply to 16, not 8, so torch raises "
-            "ValueError; neither the shape nor the names of the shown result match the call.",
+            "ValueError; neither the shape nor the names of the shown result match the call. Known: an open "
+            "docs PR, pytorch/pytorch#190298, fixes the sizes (not the names).",
             since="2.9.0",
         ),
         Finding(

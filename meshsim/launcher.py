@@ -13,7 +13,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from . import deadlines
 from .outcome import HANG, PASS, outcome_of
@@ -104,6 +104,7 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     with Cluster(topology, backend=backend, deadline=deadline, script=True, simulated_gpus=simulate_gpus,
                  echo=echo) as cluster:
         record = cluster.execute(RunScript(target, module, list(args), deadline))
+    echo.flush()
     return _result(topology, record, outputs, target)
 
 
@@ -113,17 +114,32 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _echo(outputs: list[str], stream: TextIO | None, log_dir: str | None) -> Callable[[int, str], None]:
-    def echo(rank: int, text: str) -> None:
-        outputs[rank] += text
-        if stream is not None:
-            stream.write("".join(f"[rank{rank}]:{line}\n" for line in text.splitlines()))
-            stream.flush()
-        if log_dir is not None:
-            with open(os.path.join(log_dir, f"rank{rank}.log"), "a") as fh:
-                fh.write(text)
+class _echo:
+    """Rank output as it arrives: kept whole, in a log file a rank, and live on `stream`, each line prefixed
+    "[rankN]:". Output arrives in pieces that need not end at a line's end (print writes its parts one by one),
+    so a line is shown only once it is complete; flush() shows what is left at the end."""
 
-    return echo
+    def __init__(self, outputs: list[str], stream: TextIO | None, log_dir: str | None):
+        self.outputs, self.stream, self.log_dir = outputs, stream, log_dir
+        self.partial: dict[int, str] = {}
+
+    def __call__(self, rank: int, text: str) -> None:
+        self.outputs[rank] += text
+        if self.log_dir is not None:
+            with open(os.path.join(self.log_dir, f"rank{rank}.log"), "a") as fh:
+                fh.write(text)
+        *lines, self.partial[rank] = (self.partial.get(rank, "") + text).split("\n")
+        self._show(rank, lines)
+
+    def flush(self) -> None:
+        for rank, rest in sorted(self.partial.items()):
+            self._show(rank, [rest] if rest else [])
+        self.partial.clear()
+
+    def _show(self, rank: int, lines: list[str]) -> None:
+        if self.stream is not None and lines:
+            self.stream.write("".join(f"[rank{rank}]:{line}\n" for line in lines))
+            self.stream.flush()
 
 
 def _result(topology: Topology, record: Any, outputs: list[str], script: str) -> LaunchResult:

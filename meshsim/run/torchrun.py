@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import deadlines
+from ..model.mesh import CPU, Platform
 from ..wire import STUCK, CallBegun, RunPlan
 from .process import resolve_backend
 from .record import RankState, RunRecord
@@ -162,6 +163,7 @@ class TorchrunExecutor:
         self.local_world = int(os.environ["LOCAL_WORLD_SIZE"])
         # One rank per GPU of this node: the node's ranks need its GPUs, as a simulated host's do.
         self.backend = resolve_backend(backend, self.local_world)
+        self.platform = Platform("cuda", True) if self.backend == "nccl" else CPU  # for the model
         self.on_hang = on_hang
         self.progress: StoreProgress | None = None
         self.session = RankSession.join(self.backend, self.rank, self.world, lambda e: self.progress.send(e))

@@ -262,51 +262,44 @@ def memory_section() -> None:
 
 
 def soak_section(plans: int = 5000, every: int = 500) -> None:
-    """Memory, file descriptors and threads of the controller and every worker over a long sweep of generated
-    plans, each measured against its value after the first 100 plans (goal: within 10 MB, fds/threads flat)."""
+    """Memory, file descriptors and threads of the controller and every worker over a long `meshsim fuzz` sweep,
+    each against its value after the first 100 plans (goal: within 10 MB; fds and threads flat).
+    MESHSIM_SOAK_PLANS sets the length (default 5,000)."""
     import os
 
-    from hypothesis import HealthCheck, Phase, given, settings
-
     from meshsim import Cluster, Topology
-    from meshsim.check import check
-    from meshsim.strategies import plans as plan_strategy
+    from meshsim.fuzz import fuzz
 
     plans = int(os.environ.get("MESHSIM_SOAK_PLANS", plans))
 
-    def sample(pids: list[int]) -> list[tuple[float, int, int]]:
-        out = []
-        for pid in pids:
-            with open(f"/proc/{pid}/status") as fh:
-                fields = dict(line.split(":", 1) for line in fh)
-            out.append((int(fields["VmRSS"].split()[0]) / 1024, len(os.listdir(f"/proc/{pid}/fd")),
-                        int(fields["Threads"])))
-        return out
+    def sample(pid: int) -> tuple[float, int, int]:
+        with open(f"/proc/{pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        return int(fields["VmRSS"].split()[0]) / 1024, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
 
-    samples: list[tuple[int, list]] = []
+    samples: list[tuple[int, dict[int, tuple]]] = []
     with Cluster(Topology(2, 4)) as cluster:
-        count = [0]
+        def on_example(report, result) -> None:
+            if report.examples == 100 or report.examples % every == 0:
+                samples.append((report.examples, {pid: sample(pid) for pid in [os.getpid(), *cluster.pids]}))
 
-        @settings(max_examples=plans, database=None, phases=[Phase.generate], deadline=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(plan_strategy(8))
-        def sweep(plan):
-            check(cluster, plan, 5.0)
-            count[0] += 1
-            if count[0] == 100 or count[0] % every == 0:
-                samples.append((count[0], sample([os.getpid()] + list(cluster.pids))))
-
-        sweep()
-    base = samples[0][1]
-    table = Table(title=f"Soak: {count[0]} generated plans at 2x4 (growth since plan 100)")
-    for col in ("after plans", "controller RSS MB", "workers RSS MB (max growth)", "fds (max growth)",
-                "threads (max growth)"):
+        report = fuzz(cluster, plans, seed=0, on_example=on_example)
+    base: dict[int, tuple] = {}
+    for _, now in samples:
+        for pid, value in now.items():
+            base.setdefault(pid, value)  # a worker restarted after a hang counts from its first sample
+    table = Table(title=f"Soak: meshsim fuzz, {report.examples} plans at 2x4 in {report.elapsed:.0f} s "
+                        f"(growth since plan 100; a worker restarted after a hang is measured from its start)")
+    for col in ("after plans", "controller RSS MB", "workers RSS MB, max growth", "fds, max growth",
+                "threads, max growth"):
         table.add_column(col, justify="right")
+    controller = os.getpid()
     for n, now in samples:
-        growth = [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for a, b in zip(now, base)]
-        table.add_row(str(n), f"{now[0][0]:.0f} ({growth[0][0]:+.1f})",
-                      f"{max(g[0] for g in growth[1:]):+.1f}", f"{max(g[1] for g in growth):+d}",
-                      f"{max(g[2] for g in growth):+d}")
+        growth = {pid: [a - b for a, b in zip(value, base[pid])] for pid, value in now.items()}
+        workers = [g for pid, g in growth.items() if pid != controller]
+        table.add_row(str(n), f"{now[controller][0]:.0f} ({growth[controller][0]:+.1f})",
+                      f"{max(g[0] for g in workers):+.1f}", f"{max(g[1] for g in growth.values()):+d}",
+                      f"{max(g[2] for g in growth.values()):+d}")
     console.print(table)
 
 

@@ -68,6 +68,11 @@ class Interrupted(BaseException):
         self.error = error
 
 
+# Hypothesis keeps every example of a run in its own bookkeeping (about 20 KB each with these plans), so a long
+# sweep runs as consecutive Hypothesis runs of at most this many examples; memory stays flat across them.
+CHUNK = 500
+
+
 def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = deadlines.PLAN_S,
          max_steps: int = 6, divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
          on_example: Callable[[FuzzReport, Any], None] | None = None,
@@ -84,10 +89,6 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
         strategy = st.one_of(strategy, divergent_plans(world))
     started = time.monotonic()
 
-    @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
-              phases=[Phase.generate, Phase.shrink], print_blob=False,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-    @given(strategy)
     def torch_agrees_with_model(plan: Any) -> None:
         prediction = prediction_for(plan, world, deadline, getattr(cluster, "platform", None) or CPU)
         wait = deadline
@@ -116,14 +117,20 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
                 report.time_to_failure = time.monotonic() - started
             raise Disagreement(result)
 
-    if seed is not None:
-        torch_agrees_with_model = hypothesis_seed(seed)(torch_agrees_with_model)
-    try:
-        torch_agrees_with_model()
-    except Disagreement as exc:
-        report.failure = exc.result  # Hypothesis re-runs the minimal example last
-    except Interrupted as exc:
-        raise exc.error from None
+    for chunk, count in enumerate(_chunks(examples)):
+        run = settings(max_examples=count, deadline=None, database=None, report_multiple_bugs=False,
+                       phases=[Phase.generate, Phase.shrink], print_blob=False,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])(
+            given(strategy)(torch_agrees_with_model))
+        if seed is not None:
+            run = hypothesis_seed(seed if chunk == 0 else hash((seed, chunk)))(run)  # new plans, reproducibly
+        try:
+            run()
+        except Disagreement as exc:
+            report.failure = exc.result  # Hypothesis re-runs the minimal example last
+            break
+        except Interrupted as exc:
+            raise exc.error from None
     report.elapsed = time.monotonic() - started
     topology = cluster.topology
     if report.failure is not None and getattr(cluster, "tier", "process") != "process":
@@ -133,6 +140,10 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     if report.failure is not None and save_dir is not None:
         report.saved = save_counterexample(report.failure, topology, deadline, seed, save_dir)
     return report
+
+
+def _chunks(examples: int) -> list[int]:
+    return [min(CHUNK, examples - start) for start in range(0, examples, CHUNK)]
 
 
 def shrink_world(plan: Any, topology: Topology, deadline: float, strict: bool) -> tuple[Topology, Any, str] | None:

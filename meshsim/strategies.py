@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from .model.mesh import MeshModel
 from .model.predict import RankRun, observe_step
-from .ops import OPERATIONS, of_role
+from .ops import OPERATIONS, of_role, rarely
 from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
 from .spec.plan import Plan, Step, step
 from .spec.topology import Topology
@@ -219,8 +219,9 @@ def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
     out = b.fresh("g")
     if layout is None and len(dims) > 1:
         return
-    b.add(step("from_group", groups=choices, layout=layout, names=names if draw(st.integers(0, 3)) else None,
-               out=out))
+    if allow_errors and rarely(draw, 12):
+        choices = []  # no group at all: refused
+    b.add(step("from_group", groups=choices, layout=layout, names=None if rarely(draw, 4) else names, out=out))
     if out in b.run.handles:
         b.add(step("check", mesh=out))
         b.add(step("compare", a=out, b=handle))

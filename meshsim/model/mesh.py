@@ -424,6 +424,8 @@ class RankModel:
                 raise ModelRaise(Err("ValueError", "Invalid mesh"))
             mesh = self.construct(L.row_major((len(ranks),)), tuple(ranks), names_t, None, False, device)
             return self._names_unchecked(mesh.given([group]))
+        if not groups:
+            raise ModelRaise(Err("ValueError", "Expects at least one ProcessGroup to be passed"))
         if layout_flat is None or shape is None:
             raise ModelRaise(Err("ValueError", "Must pass mesh if passing multiple ProcessGroups"))
         if names_t is None:

@@ -186,12 +186,12 @@ class Slice:
             return step("slice", src=handle, names="a", out=b.fresh("s")) if allow_errors else None
         picked = [n for n in names if draw(st.booleans())] or [draw(st.sampled_from(names))]
         if allow_errors:
-            mode = draw(st.integers(0, 9))
-            if mode == 0:
+            mode = draw(st.integers(0, 9))  # 7-9: a request torch must refuse (shrinking leaves them for 0)
+            if mode == 7:
                 picked = list(reversed(picked)) if len(picked) > 1 else picked
-            elif mode == 1:
+            elif mode == 8:
                 picked = picked + [picked[0]]
-            elif mode == 2:
+            elif mode == 9:
                 picked = picked + ["nope"]
         value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
         as_list = True if not isinstance(value, str) and rarely(draw, 5) else None
@@ -359,8 +359,9 @@ class FromGroup:
         if flattened and rarely(draw, 4):
             keys = [draw(st.sampled_from(flattened))] + [k for k in keys if isinstance(k, str)]
         extra: dict[str, Any] = {}
-        if len(keys) == 1 and allow_errors and mesh.coordinate is not None and rarely(draw, 6):
-            extra["layout"] = draw(rank_layouts(b.world, [mesh.shape[dims[0]]]))  # usually not the group: refused
+        if allow_errors and mesh.coordinate is not None and rarely(draw, 6):
+            # 1-D: usually not the group's ranks; several dims: a flat list, not one dim per group. Both refused.
+            extra["layout"] = draw(rank_layouts(b.world, [mesh.shape[dims[0]] if len(keys) == 1 else 1]))
         if rarely(draw, 6):
             count = len(keys) + (draw(st.sampled_from([-1, 1])) if allow_errors else 0)
             extra["names"] = [b.fresh("n") for _ in range(max(1, count))]

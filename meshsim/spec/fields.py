@@ -167,9 +167,9 @@ def _group(name: str, value: Any, ctx: Context) -> None:
 
 
 def _group_choices(name: str, value: Any, ctx: Context) -> None:
-    if not isinstance(value, list) or not value or len(value) > MAX_DEPTH or not all(
+    if not isinstance(value, list) or len(value) > MAX_DEPTH or not all(
             isinstance(v, list) and v and len(v) <= MAX_INT for v in value):
-        raise PlanError(f"field {name!r} must be a non-empty list (one per dim) of non-empty lists of group "
+        raise PlanError(f"field {name!r} must be a list (one per dim) of non-empty lists of group "
                         f"handles, got {str(value)[:80]}")
     for choices in value:
         for ref in choices:

@@ -76,6 +76,7 @@ class Cluster:
         self.generation: Generation | None = None
         self.generations_started = 0
         self._store: Any = None
+        self._kept_keys: set[str] | None = None  # store keys of the running generation itself (not of plans)
         self._port = 0
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._ctx: Any = None
@@ -152,7 +153,20 @@ class Cluster:
         self._after_start(generation)
         if self.setup is not None:
             self._run_setup()
+        self._kept_keys = self._store_keys()  # the world's own keys; what later plans add is theirs alone
         return generation
+
+    def _store_keys(self) -> set[str] | None:
+        lister = getattr(self._store, "list_keys", None)
+        return set(lister()) if lister is not None else None
+
+    def _forget_keys(self, keep: Callable[[str], bool]) -> None:
+        """Delete the store keys of groups that no longer exist. Every new_group leaves rendezvous keys in the
+        store, which lives in this process: a long sweep would otherwise grow it by kilobytes a plan."""
+        keys = self._store_keys()
+        for key in keys or ():
+            if not keep(key):
+                self._store.delete_key(key)
 
     def _run_setup(self) -> None:
         from ..functions import run_function
@@ -186,7 +200,11 @@ class Cluster:
         """Kill the workers; fresh ones start for the next plan."""
         if self.generation is not None:
             self.generation.kill()
+            if self._store is not None:
+                prefix = f"g{self.generation.number}/"
+                self._forget_keys(lambda key: not key.startswith(prefix))
             self.generation = None
+            self._kept_keys = None
 
     def close(self) -> None:
         if self.generation is not None:
@@ -244,6 +262,9 @@ class Cluster:
         """Destroy what the run made, on every rank, before the next (a script's ranks are done for good)."""
         if not self.script:
             generation.send(Teardown(max(s.group_count for s in record.states) + 1))
+            kept = self._kept_keys
+            if kept is not None:  # every rank has finished the plan: no group of it is still connecting
+                self._forget_keys(kept.__contains__)
 
     def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
         """Read every rank's progress until all have answered, one died (plus a grace), or time ran out.

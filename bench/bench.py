@@ -281,6 +281,7 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
     with Cluster(Topology(2, 4)) as cluster:
         def on_example(report, result) -> None:
             if report.examples == 100 or report.examples % every == 0:
+                time.sleep(1)  # let the ranks finish tearing the plan's groups down (their sockets and threads)
                 samples.append((report.examples, {pid: sample(pid) for pid in [os.getpid(), *cluster.pids]}))
 
         report = fuzz(cluster, plans, seed=0, on_example=on_example)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 from .model.mesh import MeshModel
@@ -99,6 +100,7 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
             break
         handle, mesh = draw(st.sampled_from(meshes))
         choice = draw(st.sampled_from(menu))
+        event(f"drew {choice}")  # pytest --hypothesis-show-statistics: how often each kind of step is drawn
         if choice == "composition":
             draw(compositions(b, handle, mesh, allow_errors))
             continue

@@ -78,7 +78,7 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
 WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
            "query": 4, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
            "scatter": 1, "reduce_scatter": 1, "new_group": 1, "compare": 1, "root_mesh": 1, "group_count": 1,
-           "root": 1, "composition": 3}
+           "root": 1, "composition": 5}
 
 
 @st.composite
@@ -229,8 +229,45 @@ def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
         b.add(step("compare", a=out, b=handle))
 
 
+@st.composite
+def _edge_request(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """One request at an edge of DeviceMesh's API, most of which torch must refuse: each kind of edge gets
+    its turn, where a random walk would meet it once in hundreds of plans."""
+    names = list(mesh.names or ())
+    named = well_named(mesh)
+    edges = [
+        lambda: step("query", mesh=handle, what=draw(st.sampled_from(["get_group", "get_local_rank"]))),
+        lambda: step("query", mesh=handle, what="root_mesh_dim"),
+        lambda: step("query", mesh=handle, what="mesh"),
+        lambda: step("init_device_mesh", shape=[b.world], names=["x", "x"][:draw(st.integers(1, 2))] * 2,
+                     out=b.fresh("m")),
+        lambda: step("init_device_mesh", shape=list(mesh.shape) or [1], names=[f"d{i}" for i in range(mesh.ndim)],
+                     backend_override=[[0, "gloo"], ["d0", "gloo"]], out=b.fresh("m")),
+        lambda: step("from_group", groups=[], out=b.fresh("g")),
+    ]
+    if named and mesh.ndim > 1:
+        edges += [
+            lambda: step("slice", src=handle, names=names[::-1], out=b.fresh("s")),
+            lambda: step("unflatten", src=handle, dim=draw(st.sampled_from([mesh.ndim, "nope"])), sizes=[1],
+                         names=[b.fresh("u")], out=b.fresh("u")),
+            lambda: step("unflatten", src=handle, dim=0, sizes=[mesh.shape[0], 1], names=[b.fresh("u")],
+                         out=b.fresh("u")),
+            lambda: step("unflatten", src=handle, dim=0, sizes=[mesh.shape[0] + 1], names=[b.fresh("u")],
+                         out=b.fresh("u")),
+            lambda: step("from_group", src=handle, dims=[0, 1], layout=list(range(mesh.shape[0])),
+                         names=["p", "q"], out=b.fresh("g")),
+        ]
+    if not mesh.names and mesh.ndim > 1:
+        edges.append(lambda: step("from_group", src=handle, dims=[0, 1], out=b.fresh("g")))
+    others = [h for h, m in b.meshes() if m.root_mesh is not mesh.root_mesh and well_named(m)]
+    if named and others:
+        edges.append(lambda: step("concatenate", srcs=[handle, draw(st.sampled_from(others))], out=b.fresh("c")))
+    made = draw(st.sampled_from(edges))()
+    b.add(made)
+
+
 COMPOSITIONS = (_flatten_family, _concatenate_both_ways, _unflatten_a_flattened_dim, _submesh_of_submesh,
-                _from_hand_made_groups)
+                _from_hand_made_groups, _edge_request, _edge_request)
 
 
 @st.composite

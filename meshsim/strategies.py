@@ -66,9 +66,11 @@ class _Builder:
 
 
 @st.composite
-def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | None = None) -> Step:
-    """A step that makes a root mesh: init_device_mesh, or DeviceMesh with an explicit rank layout."""
-    b = _Builder(world)
+def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | None = None,
+               builder: _Builder | None = None) -> Step:
+    """A step that makes a root mesh: init_device_mesh, or DeviceMesh with an explicit rank layout (named by
+    `builder`, so that a plan's roots never share a handle)."""
+    b = builder or _Builder(world)
     root = draw(st.sampled_from(of_role("root")))
     return draw(root.draw(b, None, None, allow_errors, numel=numel))
 
@@ -90,7 +92,7 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
     Each plan enables a random subset of the operations (swarm testing), so rare combinations get room.
     """
     b = _Builder(world)
-    b.add(draw(root_steps(world, allow_errors, numel=root_numel)))
+    b.add(draw(root_steps(world, allow_errors, numel=root_numel, builder=b)))
     names = sorted(WEIGHTS)
     enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)
     menu = [n for n in names if n in enabled for _ in range(WEIGHTS[n])]
@@ -104,7 +106,7 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
         if choice == "composition":
             draw(compositions(b, handle, mesh, allow_errors))
             continue
-        made = draw(root_steps(world, allow_errors) if choice == "root" else
+        made = draw(root_steps(world, allow_errors, builder=b) if choice == "root" else
                     OPERATIONS[choice].draw(b, handle, mesh, allow_errors))
         if made is not None:
             b.add(made)

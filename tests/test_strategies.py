@@ -70,3 +70,9 @@ def test_illegal_requests_are_drawn_on_purpose():
         return any(isinstance(o, Err) for o in pred.ranks[0].observations)
 
     assert find(plans(8), raises_somewhere) is not None
+
+
+@given(plans(8))
+def test_no_two_steps_of_a_generated_plan_define_the_same_handle(plan):
+    outs = [s.out for s in plan.steps if s.out]
+    assert len(outs) == len(set(outs))

@@ -39,6 +39,18 @@ def torch_group(ex: Any, a: dict) -> tuple[Any, Any]:
     return mesh.get_group(dim), ex.device_of(mesh.device_type)
 
 
+def on_model_group(run: Any, a: dict, call: Any) -> Any:
+    """The model's side of a collective: `call(model, group)` on a member, None (nothing) on a non-member."""
+    group = model_group(run, a)
+    return None if group is None else call(run.model, group)
+
+
+def on_torch_group(ex: Any, a: dict, call: Any) -> Any:
+    """torch's side of a collective: `call(group, device)` on a member, None on a non-member."""
+    group, device = torch_group(ex, a)
+    return call(group, device) if is_member(group) else None
+
+
 def is_member(group: Any) -> bool:
     import torch.distributed as dist
 
@@ -64,12 +76,10 @@ class AllReduce:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.all_reduce(group, a.get("numel", run.model.world))
+        return on_model_group(run, a, lambda model, group: model.all_reduce(group, a.get("numel", run.model.world)))
 
     def torch(ex: Any, a: dict) -> Any:
-        group, device = torch_group(ex, a)
-        return ex.all_reduce(group, a.get("numel", ex.world), device) if is_member(group) else None
+        return on_torch_group(ex, a, lambda group, device: ex.all_reduce(group, a.get("numel", ex.world), device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -84,12 +94,10 @@ class AllGather:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.all_gather(group)
+        return on_model_group(run, a, lambda model, group: model.all_gather(group))
 
     def torch(ex: Any, a: dict) -> Any:
-        group, device = torch_group(ex, a)
-        return ex.all_gather(group, device) if is_member(group) else None
+        return on_torch_group(ex, a, lambda group, device: ex.all_gather(group, device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -103,12 +111,10 @@ class Broadcast:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.broadcast(group, a.get("src", 0))
+        return on_model_group(run, a, lambda model, group: model.broadcast(group, a.get("src", 0)))
 
     def torch(ex: Any, a: dict) -> Any:
-        group, device = torch_group(ex, a)
-        return ex.broadcast(group, a.get("src", 0), device) if is_member(group) else None
+        return on_torch_group(ex, a, lambda group, device: ex.broadcast(group, a.get("src", 0), device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -125,12 +131,11 @@ class Scatter:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.scatter(group, a.get("src", 0), a.get("numel", 1))
+        return on_model_group(run, a, lambda model, group: model.scatter(group, a.get("src", 0), a.get("numel", 1)))
 
     def torch(ex: Any, a: dict) -> Any:
-        group, device = torch_group(ex, a)
-        return ex.scatter(group, a.get("src", 0), a.get("numel", 1), device) if is_member(group) else None
+        return on_torch_group(ex, a,
+                               lambda group, device: ex.scatter(group, a.get("src", 0), a.get("numel", 1), device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -148,12 +153,10 @@ class ReduceScatter:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.reduce_scatter(group, a.get("numel", 1))
+        return on_model_group(run, a, lambda model, group: model.reduce_scatter(group, a.get("numel", 1)))
 
     def torch(ex: Any, a: dict) -> Any:
-        group, device = torch_group(ex, a)
-        return ex.reduce_scatter(group, a.get("numel", 1), device) if is_member(group) else None
+        return on_torch_group(ex, a, lambda group, device: ex.reduce_scatter(group, a.get("numel", 1), device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -168,8 +171,7 @@ class Barrier:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        group = model_group(run, a)
-        return None if group is None else run.model.barrier(group)
+        return on_model_group(run, a, lambda model, group: model.barrier(group))
 
     def torch(ex: Any, a: dict) -> Any:
         import torch.distributed as dist

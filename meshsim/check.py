@@ -24,6 +24,11 @@ def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform =
         return unpredictable(plan, world, exc)
 
 
+def platform_of(executor: Any) -> Platform:
+    """The machine the executor's ranks run on, as the model needs it (an executor that does not say: a CPU one)."""
+    return getattr(executor, "platform", CPU)
+
+
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
           prediction: Prediction | None = None) -> Result:
     """Run `plan` on the executor's ranks and judge what they observed against the model."""
@@ -35,7 +40,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
         if not found:
-            found.append(prediction_for(plan, executor.world, deadline, getattr(executor, "platform", CPU)))
+            found.append(prediction_for(plan, executor.world, deadline, platform_of(executor)))
         return found[0]
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work

@@ -14,8 +14,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from . import deadlines
-from .check import check, prediction_for
-from .model.mesh import CPU
+from .check import check, platform_of, prediction_for
 from .model import torch_side
 from .outcome import HANG, PASS, UNDEFINED
 from .run.generation import ClusterError
@@ -91,7 +90,7 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     started = time.monotonic()
 
     def torch_agrees_with_model(plan: Any) -> None:
-        prediction = prediction_for(plan, world, deadline, getattr(cluster, "platform", None) or CPU)
+        prediction = prediction_for(plan, world, deadline, platform_of(cluster))
         wait = deadline
         if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(deadline, expected_hang_deadline)

@@ -69,6 +69,14 @@ def draw_target(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -
     return {"mesh": handle}
 
 
+@st.composite
+def draw_rooted_target(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> dict:
+    """A target and a source group rank within every group of it (a group handle may have one member)."""
+    target = draw(draw_target(b, handle, mesh, allow_errors))
+    smallest = 1 if "group" in target or not mesh.shape else min(mesh.shape)
+    return dict(target, src=draw(st.integers(0, smallest - 1)))
+
+
 @operation("all_reduce", "collective", {**ON, "numel": F.NUMEL})
 class AllReduce:
     """all_reduce (sum) of a one-hot vector of length numel (default: the world), on a mesh dim or a group"""
@@ -118,9 +126,7 @@ class Broadcast:
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
-        target = draw(draw_target(b, handle, mesh, allow_errors))
-        smallest = 1 if "group" in target or not mesh.shape else min(mesh.shape)
-        return step("broadcast", src=draw(st.integers(0, smallest - 1)), **target)
+        return step("broadcast", **draw(draw_rooted_target(b, handle, mesh, allow_errors)))
 
 
 @operation("scatter", "collective", {**ON, "src": F.GROUP_RANK, "numel": F.NUMEL})
@@ -139,10 +145,8 @@ class Scatter:
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
-        target = draw(draw_target(b, handle, mesh, allow_errors))
-        smallest = 1 if "group" in target or not mesh.shape else min(mesh.shape)
-        return step("scatter", src=draw(st.integers(0, smallest - 1)), numel=draw(st.sampled_from([1, 3])),
-                    **target)
+        rooted = draw(draw_rooted_target(b, handle, mesh, allow_errors))
+        return step("scatter", numel=draw(st.sampled_from([1, 3])), **rooted)
 
 
 @operation("reduce_scatter", "collective", {**ON, "numel": F.NUMEL})
@@ -176,9 +180,7 @@ class Barrier:
     def torch(ex: Any, a: dict) -> Any:
         import torch.distributed as dist
 
-        group, _ = torch_group(ex, a)
-        if is_member(group):
-            dist.barrier(group=group)
+        on_torch_group(ex, a, lambda group, device: dist.barrier(group=group))
         return None
 
     @st.composite

@@ -54,6 +54,19 @@ REGISTRY: dict[str, Finding] = {
             since="2.2.0",
         ),
         Finding(
+            "dtensor-chunk-by-group-rank",
+            "DTensor moves shards in group-rank order but places them by mesh coordinate: wrong values, silently",
+            "torch-wrong",
+            "On a mesh whose dim groups are not in ascending rank order (DeviceMesh('cpu', [[0, 1], [3, 2]]), "
+            "[1, 0], a permuted layout), distribute_tensor scatters chunk i to group rank i (new_group sorts "
+            "ranks) while the DTensor's offsets, the unpadding and Replicate -> Shard use the mesh coordinate. "
+            "With uneven shards full_tensor() returns padding zeros in place of data (arange(3) on [1, 0] comes "
+            "back [0, 0, 2]); with even shards Replicate -> Shard then full_tensor() permutes the tensor "
+            "([2, 3, 0, 1]); from_local(run_check=True) broadcasts Replicate dims from the lowest rank, not "
+            "coordinate 0. Right: DTensor's collectives in mesh-coordinate order. Root cause: group-rank-order.",
+            since="2.9.0",
+        ),
+        Finding(
             "repeated-rank-accepted", "An explicit mesh that names a rank twice is not rejected",
             "torch-inconsistent",
             "DeviceMesh('cpu', [[0, 1], [1, 2]]) is accepted: one rank raises 'Each device mesh dimension should "

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import findings as F
 from ..model import Err, Prediction, Quirk, to_json
+from ..model.expect import UNPREDICTED
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
 from ..wire import SKIPPED, UNMOVED, digest_ints, is_digest, is_error
 
@@ -230,6 +231,12 @@ def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple
     if is_digest(observed) and isinstance(expected, list):
         digest = digest_of(expected)
         return [] if digest == observed else [("diff", path, digest, observed, None)]
+    if isinstance(expected, Quirk) and expected.torch == UNPREDICTED:
+        if not _diffs(compare(expected.right, observed, path, version)):
+            return []
+        if F.applies(expected.finding, version):
+            return [("finding", path, expected.right, observed, expected.finding)]
+        return [("diff", path, expected.right, observed, None)]
     if isinstance(expected, Quirk):
         if F.applies(expected.finding, version) and not _diffs(compare(expected.torch, observed, path, version)):
             return [("finding", path, expected.right, observed, expected.finding)]

@@ -25,6 +25,9 @@ class Err:
         return {"error": [self.type or "any exception", self.match]}
 
 
+UNPREDICTED = "unpredicted"  # torch's side of a Quirk the model does not simulate: any observation is torch's
+
+
 @dataclass(frozen=True)
 class Quirk:
     """Where torch does something other than what is right: both values, and the finding explaining it."""

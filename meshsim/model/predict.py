@@ -13,6 +13,7 @@ from ..spec.plan import Plan, Step
 from ..wire import DIED, FINISHED, SKIPPED
 from .expect import Err, ModelRaise, Quirk
 from . import layout as L
+from .dtensor import DTensorModel
 from .mesh import CPU, Call, Group, MeshModel, Platform, RankModel
 
 # Meshes torch accepts although it should refuse them; what follows derails.
@@ -228,6 +229,8 @@ def _shape_result(run: RankRun, value: Any) -> Any:
         return summary(value)
     if isinstance(value, list) and value and isinstance(value[0], MeshModel):
         return [summary(m) for m in value]
+    if isinstance(value, DTensorModel):
+        return value.observation(run.model.rank)
     if isinstance(value, Group):
         return {"ranks": list(value.ranks), "group_rank": value.group_rank(run.model.rank)}
     return value

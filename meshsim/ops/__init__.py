@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..spec import fields as F
 
-ROLES = ("root", "derive", "query", "collective", "group", "fault")
+ROLES = ("root", "derive", "query", "collective", "dtensor", "group", "fault")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def of_role(*roles: str) -> list[Operation]:
     return [op for op in OPERATIONS.values() if op.role in roles]
 
 
-from . import collectives, faults, meshes, queries  # noqa: E402,F401  -- each registers its operations
+from . import collectives, dtensor, faults, meshes, queries  # noqa: E402,F401  -- each registers its operations
 
 
 def reference_markdown() -> str:

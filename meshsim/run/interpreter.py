@@ -15,7 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
+from ..model.dtensor import tensor_values
+from ..ops.dtensor import torch_observe
 from ..ops.faults import InjectedError
 from ..ops.queries import mesh_summary
 from ..spec.plan import Plan, Step
@@ -112,6 +115,8 @@ class Interpreter:
             return mesh_summary(value, self.view_of)
         if isinstance(value, list) and value and isinstance(value[0], DeviceMesh):
             return [mesh_summary(m, self.view_of) for m in value]
+        if isinstance(value, DTensor):
+            return torch_observe(self, value)
         if isinstance(value, dist.ProcessGroup):
             return {"ranks": dist.get_process_group_ranks(value), "group_rank": dist.get_rank(value)}
         return value
@@ -121,6 +126,10 @@ class Interpreter:
     def view_of(self, mesh: DeviceMesh) -> Any:
         """The `mesh` property as an observation."""
         return mesh.mesh.tolist()
+
+    def values_of(self, tensor: torch.Tensor) -> Any:
+        """A tensor's values as an observation (exact, or a digest when many)."""
+        return tensor_values(tensor.detach().cpu().reshape(-1).tolist())
 
     def exit(self, code: int) -> None:
         """An `exit` fault: the rank's process ends."""

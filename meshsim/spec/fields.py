@@ -28,6 +28,7 @@ _REF = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\.(\d{1,6}))?")  # a handle, or h
 PRODUCES_MESH = "mesh"
 PRODUCES_MESH_LIST = "mesh_list"
 PRODUCES_GROUP = "group"
+PRODUCES_DTENSOR = "dtensor"
 
 QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
            "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type", "current")
@@ -184,6 +185,31 @@ def _overrides(name: str, value: Any, ctx: Context) -> None:
                         f"{', '.join(BACKENDS)}, got {str(value)[:80]}")
 
 
+def _tensor_shape(name: str, value: Any, ctx: Context) -> None:
+    from ..model.dtensor import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL
+
+    if not isinstance(value, list) or not value or len(value) > MAX_DTENSOR_DIMS or not all(
+            is_int(v) and 0 <= v <= MAX_DTENSOR_NUMEL for v in value) or math.prod(value) > MAX_DTENSOR_NUMEL:
+        raise PlanError(f"field {name!r} must be a tensor shape: 1 to {MAX_DTENSOR_DIMS} sizes (0 allowed) of at most "
+                        f"{MAX_DTENSOR_NUMEL} elements in all, got {str(value)[:80]}")
+
+
+def _placements(name: str, value: Any, ctx: Context) -> None:
+    from ..model.dtensor import parse_placement
+
+    if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be a list with one placement per mesh dim, got {str(value)[:80]}")
+    for text in value:
+        try:
+            parse_placement(text)
+        except ValueError as exc:
+            raise PlanError(f"field {name!r}: {exc}") from None
+
+
+def _dtensor(name: str, value: Any, ctx: Context) -> None:
+    ctx.ref(f"field {name!r}", value, (PRODUCES_DTENSOR,))
+
+
 def _ranks(name: str, value: Any, ctx: Context) -> None:
     ctx.ranks(f"field {name!r}", value)
     if not value:
@@ -238,6 +264,11 @@ GROUP = Kind("a process-group handle (out of new_group)", _group)
 OVERRIDES = Kind("backend_override as [[dim index or name, \"gloo\"], ...]", _overrides)
 GROUP_CHOICES = Kind("one list of new_group handles per dim: each rank takes the first group it is a member of",
                      _group_choices)
+TENSOR_SHAPE = Kind("a tensor shape: list of sizes (0 allowed), at most 4 dims and 4096 elements", _tensor_shape)
+PLACEMENTS = Kind('one placement per mesh dim: "S(dim)", "R" or "P(sum|avg|max|min)" (torch\'s str() of them)',
+                  _placements)
+DTENSOR = Kind("a DTensor handle (out of distribute, redistribute, from_local or sum)", _dtensor)
+TENSOR_DIM = Kind("a tensor dim (negative counts from the end)", _bounded_int(-8, 7))
 RANKS = Kind("list of world ranks", _ranks)
 SECONDS = Kind(f"seconds, 0 to {MAX_S:g}", _seconds)
 NUMEL = Kind(f"tensor length, 1 to {MAX_NUMEL}", _bounded_int(1, MAX_NUMEL))

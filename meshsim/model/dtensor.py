@@ -1,0 +1,444 @@
+"""DTensor as the whole mesh holds it, emulated in pure Python.
+
+A DTensor is every mesh member's local block. Each operation is simulated across the mesh twice, once for
+each order a dim's group can take:
+- *coordinate order* (right): member j of a dim's group is the rank at coordinate j, as DTensor's metadata
+  (``compute_local_shape_and_global_offset``, the unpadding, ``Replicate -> Shard``) assumes;
+- *group-rank order* (torch): collectives (scatter, all_gather, reduce_scatter, all_to_all, and the source of a
+  broadcast) follow the process group's rank order, which is sorted (finding ``group-rank-order``).
+On a mesh whose every dim group is sorted, the two agree. Where they differ the rank observes a Quirk
+(finding ``dtensor-chunk-by-group-rank``).
+
+The transforms follow torch 2.13's greedy redistribute plan (``generate_greedy_transform_infos``) and its
+padding rules: ``torch.chunk`` chunks of ceil(n/k), trailing empty chunks, zero padding to the full chunk size
+before a collective, unpadding after it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .expect import UNPREDICTED, Err, ModelRaise, Quirk
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
+MAX_DTENSOR_DIMS = 4
+MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
+SHOWN_VALUES = 64  # more values than this are observed as a digest
+FINDING = "dtensor-chunk-by-group-rank"
+
+_PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((sum|avg|max|min)\)")
+
+
+# --------------------------------------------------------------------------------------------- placements
+
+
+def parse_placement(text: str) -> tuple:
+    """"S(d)" -> ("S", d), "R" -> ("R",), "P(op)" -> ("P", op); torch's str() of Shard, Replicate, Partial."""
+    match = _PLACEMENT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"placement {text!r} is not S(dim), R or P(sum|avg|max|min)")
+    if text == "R":
+        return ("R",)
+    return ("S", int(match.group(1))) if match.group(1) is not None else ("P", match.group(2))
+
+
+def placement_text(p: tuple) -> str:
+    return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"
+
+
+def is_shard(p: tuple, dim: int | None = None) -> bool:
+    return p[0] == "S" and (dim is None or p[1] == dim)
+
+
+# --------------------------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True)
+class Block:
+    """A dense tensor: its shape and its values in row-major order."""
+
+    shape: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def split3(self, dim: int) -> tuple[int, int, int]:
+        return math.prod(self.shape[:dim]), self.shape[dim], math.prod(self.shape[dim + 1:])
+
+
+def arange_block(shape: tuple[int, ...], base: float = 0.0) -> Block:
+    """Values that tell every element apart: base + its row-major index."""
+    return Block(tuple(shape), tuple(base + i for i in range(math.prod(shape))))
+
+
+def empty_block() -> Block:
+    return Block((0,), ())
+
+
+def narrow(b: Block, dim: int, start: int, length: int) -> Block:
+    outer, size, inner = b.split3(dim)
+    out: list[float] = []
+    for o in range(outer):
+        base = (o * size + start) * inner
+        out.extend(b.values[base:base + length * inner])
+    return Block(b.shape[:dim] + (length,) + b.shape[dim + 1:], tuple(out))
+
+
+def cat(blocks: list[Block], dim: int) -> Block:
+    first = blocks[0]
+    outer = math.prod(first.shape[:dim])
+    inner = math.prod(first.shape[dim + 1:])
+    if any(b.shape[:dim] != first.shape[:dim] or b.shape[dim + 1:] != first.shape[dim + 1:] for b in blocks):
+        raise ModelRaise(Err("RuntimeError", "Sizes of tensors must match"))
+    out: list[float] = []
+    for o in range(outer):
+        for b in blocks:
+            n = b.shape[dim] * inner
+            out.extend(b.values[o * n:(o + 1) * n])
+    return Block(first.shape[:dim] + (sum(b.shape[dim] for b in blocks),) + first.shape[dim + 1:], tuple(out))
+
+
+def pad(b: Block, dim: int, n: int) -> Block:
+    """Zeros appended along dim (torch's pad_tensor)."""
+    if n <= 0:
+        return b
+    outer, _, inner = b.split3(dim)
+    return cat([b, Block(b.shape[:dim] + (n,) + b.shape[dim + 1:], (0.0,) * (outer * n * inner))], dim)
+
+
+def chunk_bounds(size: int, k: int) -> list[tuple[int, int]]:
+    """torch.chunk's (start, length) of each of k chunks, trailing chunks empty (DTensor fills them in)."""
+    full = -(-size // k) if size else 0
+    return [(min(i * full, size), max(0, min(size, i * full + full) - min(i * full, size))) for i in range(k)]
+
+
+def full_chunk(size: int, k: int) -> int:
+    return -(-size // k)
+
+
+def split_padded(b: Block, dim: int, k: int) -> tuple[list[Block], list[int]]:
+    """Shard._split_tensor(with_padding=True): the chunks, each zero-padded to the full chunk size."""
+    full = full_chunk(b.shape[dim], k)
+    chunks, pads = [], []
+    for start, length in chunk_bounds(b.shape[dim], k):
+        pads.append(full - length)
+        chunks.append(pad(narrow(b, dim, start, length), dim, full - length))
+    return chunks, pads
+
+
+def reduce_blocks(blocks: list[Block], op: str) -> Block:
+    if len({b.shape for b in blocks}) != 1:
+        raise ModelRaise(Err(None, ""))  # members disagree on the size: the collective fails
+    columns = list(zip(*(b.values for b in blocks)))
+    if op == "sum":
+        values = tuple(math.fsum(c) for c in columns)
+    elif op == "avg":
+        values = tuple(math.fsum(c) / len(blocks) for c in columns)
+    else:
+        values = tuple((max if op == "max" else min)(c) for c in columns)
+    return Block(blocks[0].shape, values)
+
+
+def sum_dim(b: Block, dim: int) -> Block:
+    """torch.sum over one dim (an empty dim sums to zeros)."""
+    outer, size, inner = b.split3(dim)
+    values = tuple(math.fsum(b.values[(o * size + i) * inner + j] for i in range(size))
+                   for o in range(outer) for j in range(inner))
+    return Block(b.shape[:dim] + b.shape[dim + 1:], values)
+
+
+def scale(b: Block, factor: float) -> Block:
+    return Block(b.shape, tuple(v / factor for v in b.values))
+
+
+# --------------------------------------------------------------------------------------------- observations
+
+
+def tensor_values(flat: Iterable[float]) -> Any:
+    """Values as observed: exact (rounded to 6 decimals; integral values as ints), or a digest when many."""
+    shown = []
+    for v in flat:
+        r = round(float(v), 6) + 0.0  # + 0.0: no -0.0
+        shown.append(int(r) if r.is_integer() else r)
+    if len(shown) <= SHOWN_VALUES:
+        return shown
+    import hashlib
+
+    return {"values_digest": hashlib.blake2b(repr(shown).encode(), digest_size=10).hexdigest(), "numel": len(shown)}
+
+
+def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict:
+    return {"shape": list(shape), "placements": placements, "local_shape": list(local_shape),
+            "offset": list(offset), "values": values}
+
+
+# --------------------------------------------------------------------------------------------- the mesh
+
+
+class Geometry:
+    """Every member's coordinate and every dim group, in both orders, from a mesh's view (nested ranks)."""
+
+    def __init__(self, view: list, shape: tuple[int, ...]):
+        flat: list[int] = []
+
+        def walk(v: Any) -> None:
+            if isinstance(v, list):
+                for x in v:
+                    walk(x)
+            else:
+                flat.append(v)
+
+        walk(view)
+        self.shape = shape
+        self.flat = flat
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        self.coordinate = {r: tuple((i // s) % n for s, n in zip(strides, shape)) for i, r in enumerate(flat)}
+        self.strides = strides
+
+    def line(self, rank: int, dim: int) -> list[int]:
+        """The members of `rank`'s group along `dim`, in coordinate order."""
+        base = sum(c * s for c, s in zip(self.coordinate[rank], self.strides)) - self.coordinate[rank][dim] \
+            * self.strides[dim]
+        return [self.flat[base + j * self.strides[dim]] for j in range(self.shape[dim])]
+
+    def scrambled(self, dim: int) -> bool:
+        """Whether some group along `dim` has a group-rank order other than its coordinate order."""
+        return any(self.line(r, dim) != sorted(self.line(r, dim)) for r in self.flat)
+
+
+Order = Callable[[Geometry, int, int], list[int]]
+
+
+def coordinate_order(geo: Geometry, rank: int, dim: int) -> list[int]:
+    return geo.line(rank, dim)
+
+
+def group_rank_order(geo: Geometry, rank: int, dim: int) -> list[int]:
+    return sorted(geo.line(rank, dim))
+
+
+# --------------------------------------------------------------------------------------------- the engine
+
+
+def normalize(placements: list[tuple], ndim: int) -> list[tuple]:
+    return [("S", p[1] + ndim) if p[0] == "S" and p[1] < 0 else p for p in placements]
+
+
+def check_placements(placements: list[tuple], mesh_ndim: int, tensor_ndim: int) -> None:
+    """What distribute_tensor / from_local / redistribute refuse before any communication."""
+    if len(placements) != mesh_ndim:
+        raise ModelRaise(Err("ValueError", "`placements` must have the same length as `device_mesh.ndim`"))
+    ops = {p[1] for p in placements if p[0] == "P"}
+    if len(ops) > 1:
+        raise ModelRaise(Err("ValueError", "mixed"))
+    for p in placements:
+        if p[0] == "S" and not 0 <= p[1] < tensor_ndim:
+            raise ModelRaise(Err(None, ""))
+
+
+def logical_shapes(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...],
+                   mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The tensor's shape as each mesh dim sees it (before that dim's sharding), at this coordinate."""
+    out = [tuple(shape)]
+    for i, p in enumerate(placements):
+        current = list(out[-1])
+        if p[0] == "S":
+            current[p[1]] = chunk_bounds(current[p[1]], mesh_shape[i])[coordinate[i]][1]
+        out.append(tuple(current))
+    return out
+
+
+def local_shape_and_offset(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...] | None,
+                           mesh_shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """compute_local_shape_and_global_offset: nested chunking in mesh-dim order, by coordinate."""
+    if coordinate is None:
+        return [0], []
+    local, offset = list(shape), [0] * len(shape)
+    for i, p in enumerate(placements):
+        if p[0] == "S":
+            start, length = chunk_bounds(local[p[1]], mesh_shape[i])[coordinate[i]]
+            offset[p[1]] += start
+            local[p[1]] = length
+    return local, offset
+
+
+def distribute(geo: Geometry, tensor: Block, placements: list[tuple], order: Order) -> dict[int, Block]:
+    """distribute_tensor with src_data_rank 0: per mesh dim in order, scatter (Shard) or broadcast from the
+    group's first member, unpadding by coordinate."""
+    locals_ = {r: tensor for r in geo.flat}
+    for d, p in enumerate(placements):
+        new = {}
+        for r in geo.flat:
+            members = order(geo, r, d)
+            src = locals_[members[0]]
+            if p[0] == "S":
+                chunks, _ = split_padded(src, p[1], len(members))
+                _, my_pads = split_padded(locals_[r], p[1], len(members))
+                got = chunks[members.index(r)]
+                new[r] = narrow(got, p[1], 0, got.shape[p[1]] - my_pads[geo.coordinate[r][d]])
+            elif p[0] == "P" and p[1] == "sum":
+                new[r] = scale(src, len(members))
+            else:
+                new[r] = src
+        locals_ = new
+    return locals_
+
+
+def greedy_transforms(src: list[tuple], dst: list[tuple]) -> list[tuple[int, tuple, tuple]]:
+    """generate_greedy_transform_infos: (mesh dim, current, target) steps, nested shardings unwound first."""
+    current, out = list(src), []
+    if len(src) == 1:
+        return [(0, src[0], dst[0])] if src[0] != dst[0] else []
+    if sum(1 for p in src if p[0] == "S") > 0:
+        for d in reversed(range(len(current))):
+            target = dst[d]
+            if target[0] == "S":
+                before_now = [i for i in range(d) if is_shard(current[i], target[1])]
+                before_then = [i for i in range(d) if is_shard(dst[i], target[1])]
+                if before_now != before_then:
+                    target = ("R",)
+            if current[d] != target:
+                out.append((d, current[d], target))
+                current[d] = target
+    for d, target in enumerate(dst):
+        if current[d] != target:
+            out.append((d, current[d], target))
+            current[d] = target
+    return out
+
+
+def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[tuple],
+                 dst: list[tuple], order: Order) -> dict[int, Block]:
+    """DTensor.redistribute's communication, every member at once."""
+    for d, current, target in greedy_transforms(src, dst):
+        k = geo.shape[d]
+        if k == 1 or current == target:
+            continue
+        logical = {r: logical_shapes(shape, src, geo.coordinate[r], geo.shape)[d] for r in geo.flat}
+        locals_ = {r: _transform(geo, locals_, r, d, current, target, logical[r], order) for r in geo.flat}
+    return locals_
+
+
+def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current: tuple, target: tuple,
+               logical: tuple[int, ...], order: Order) -> Block:
+    members = order(geo, r, d)
+    k, coord = len(members), geo.coordinate[r][d]
+    mine = locals_[r]
+    if target[0] == "R" and current[0] == "P":
+        return reduce_blocks([locals_[m] for m in members], current[1])
+    if target[0] == "R" and current[0] == "S":
+        a, size = current[1], logical[current[1]]
+        padded = [_pad_to(locals_[m], a, size, k) for m in members]
+        return narrow(cat(padded, a), a, 0, size)
+    if target[0] == "S" and current[0] == "R":
+        start, length = chunk_bounds(mine.shape[target[1]], k)[coord]
+        return narrow(mine, target[1], start, length)
+    if target[0] == "S" and current[0] == "P":
+        a = target[1]
+        chunks = [split_padded(locals_[m], a, k) for m in members]
+        reduced = reduce_blocks([c[0][members.index(r)] for c in chunks], current[1])
+        pads = chunks[members.index(r)][1]
+        if mine.shape[a] % k:
+            return narrow(reduced, a, 0, reduced.shape[a] - pads[coord])
+        return reduced
+    if target[0] == "S" and current[0] == "S":
+        return _all_to_all(locals_, members, r, coord, current[1], target[1], logical)
+    if target[0] == "P" and current[0] == "R":
+        return scale(mine, k) if target[1] == "sum" else mine
+    raise ModelRaise(Err("RuntimeError", f"redistribute from {placement_text(current)} to "
+                                         f"{placement_text(target)} not supported"))
+
+
+def _pad_to(b: Block, dim: int, logical_size: int, k: int) -> Block:
+    if logical_size % k == 0:
+        return b
+    return pad(b, dim, full_chunk(logical_size, k) - b.shape[dim])
+
+
+def _all_to_all(locals_: dict[int, Block], members: list[int], r: int, coord: int, old: int, new: int,
+                logical: tuple[int, ...]) -> Block:
+    k = len(members)
+
+    def padded(b: Block) -> Block:
+        if logical[old] % k:
+            b = pad(b, old, full_chunk(logical[old], k) - b.shape[old])
+        if logical[new] % k:
+            b = pad(b, new, full_chunk(logical[new], k) * k - b.shape[new])
+        return b
+
+    g = members.index(r)
+    pieces = []
+    for m in members:
+        block = padded(locals_[m])
+        step = block.shape[new] // k
+        pieces.append(narrow(block, new, g * step, step))
+    out = cat(pieces, old)
+    if logical[old] % k:
+        out = narrow(out, old, 0, logical[old])
+    if logical[new] % k:
+        length = chunk_bounds(logical[new], k)[coord][1]
+        out = narrow(out, new, 0, length)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- DTensor handles
+
+
+@dataclass
+class DTensorModel:
+    """A DTensor handle: its mesh, spec, and every member's block as it should be and as torch leaves it
+    (torch None: the model does not simulate torch here)."""
+
+    mesh: Any  # MeshModel
+    geometry: Geometry
+    shape: tuple[int, ...]
+    placements: list[tuple]
+    right: dict[int, Block]
+    torch: dict[int, Block] | None
+
+    def observe(self, rank: int, run: Callable[[dict[int, Block]], Any]) -> Any:
+        right = run(self.right)
+        if self.torch is None:
+            return right if not self.diverges_possibly() else Quirk(right, UNPREDICTED, FINDING)
+        torch = run(self.torch)
+        return right if right == torch else Quirk(right, torch, FINDING)
+
+    def observation(self, rank: int) -> Any:
+        """What `rank` sees of this DTensor: the spec, its block's shape and values, and its global offset."""
+        coordinate = self.mesh.coordinate
+        local_shape, offset = local_shape_and_offset(self.shape, self.placements, coordinate, self.mesh.shape)
+        texts = [placement_text(p) for p in self.placements]
+
+        def seen(state: dict) -> Any:
+            block = state.get(rank, empty_block())
+            return local_observation(block.shape, tensor_values(block.values), offset, texts, self.shape)
+
+        return seen({}) if coordinate is None else self.observe(rank, seen)
+
+    def diverges_possibly(self) -> bool:
+        return any(self.geometry.scrambled(d) for d in range(len(self.geometry.shape)))
+
+
+def geometry_of(mesh: Any) -> Geometry:
+    if mesh.coordinate is None or not isinstance(mesh.view, list):
+        raise ModelRaise(Err(None, ""))
+    if len(mesh.view and _flat(mesh.view)) > MAX_DTENSOR_RANKS:
+        raise ValueError(f"meshsim's DTensor model simulates meshes of up to {MAX_DTENSOR_RANKS} ranks")
+    return Geometry(mesh.view, tuple(mesh.shape))
+
+
+def _flat(view: Any) -> list:
+    return [x for v in view for x in _flat(v)] if isinstance(view, list) else [view]
+
+
+def simulate_both(geo: Geometry, mesh: Any, sim: Callable[[Order], dict[int, Block]]) -> tuple[dict, dict | None]:
+    """The right result, and torch's: simulated in group-rank order where that differs, unless the mesh's root
+    has flattened meshes (torch may then merge collectives into a flattened group's order, not simulated)."""
+    right = sim(coordinate_order)
+    if not any(geo.scrambled(d) for d in range(len(geo.shape))):
+        return right, right
+    if mesh.root_mesh.flatten_mapping:
+        return right, None
+    return right, sim(group_rank_order)

@@ -1,0 +1,419 @@
+"""DTensor on any mesh the plan language builds: distribute, redistribute, full_tensor, to_local, from_local and
+a sum over a tensor dim, each observed rank by rank (local shape, global offset, values) against
+meshsim.model.dtensor, which simulates the whole mesh.
+
+Values tell every element apart (a global tensor holds 0, 1, 2, ...), and from_local's fresh blocks tell every
+rank apart too (rank r adds 4096 * 2**r), so a Partial reduced over the wrong mesh dim shows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ..model import dtensor as D
+from ..model.expect import Err, ModelRaise
+from ..spec import fields as F
+from ..spec.plan import step
+from . import operation, rarely
+
+DT = F.PRODUCES_DTENSOR
+
+
+def rank_weight(rank: int) -> float:
+    """What from_local adds to rank `rank`'s fresh block: sums over any set of ranks stay distinct (up to 32)."""
+    return 4096.0 * (2.0 ** rank if rank < 32 else rank + 1)
+
+
+def placements_of(a: dict, ndim: int) -> list[tuple]:
+    return D.normalize([D.parse_placement(p) for p in a["placements"]], ndim)
+
+
+# --------------------------------------------------------------------------------------------- the model's side
+
+
+def _dtensor(run: Any, ref: str) -> D.DTensorModel:
+    value = run.resolve(ref)
+    if not isinstance(value, D.DTensorModel):
+        raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a DTensor"))
+    return value
+
+
+def _calls(run: Any, mesh: Any, dims: list[int], what: str) -> None:
+    """The blocking calls this rank makes (so the model sees a hang when members disagree)."""
+    if mesh.coordinate is None:
+        return
+    for d in dims:
+        run.model.collective(f"dtensor {what}", mesh.groups[d])
+
+
+def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shape: tuple, placements: list[tuple],
+            sim: Any) -> D.DTensorModel:
+    """A new DTensor: `sim(state, order)` run for the right side and for torch's (None: not simulated)."""
+    if geo is None:
+        return D.DTensorModel(mesh, geo, shape, placements, {}, {})
+    right_before = prev.right if prev is not None else None
+    torch_before = prev.torch if prev is not None else None
+    right = sim(right_before, D.coordinate_order)
+    scrambled = any(geo.scrambled(d) for d in range(len(geo.shape)))
+    if prev is not None and torch_before is None:
+        torch = None
+    elif not scrambled and (prev is None or torch_before is right_before):
+        torch = right
+    elif mesh.root_mesh.flatten_mapping:
+        torch = None  # torch may merge transforms into a flattened mesh's group: not simulated
+    else:
+        torch = sim(torch_before, D.group_rank_order)
+    return D.DTensorModel(mesh, geo, shape, placements, right, torch)
+
+
+def _geometry(mesh: Any) -> D.Geometry | None:
+    if not mesh.backend_ready:
+        raise ModelRaise(Err("RuntimeError", "process groups not initialized"))
+    return D.geometry_of(mesh) if mesh.coordinate is not None else None
+
+
+def model_distribute(run: Any, a: dict) -> D.DTensorModel:
+    mesh = run.mesh(a["mesh"])
+    shape = tuple(a["shape"])
+    placements = placements_of(a, len(shape))
+    D.check_placements(placements, mesh.ndim, len(shape))
+    geo = _geometry(mesh)
+    _calls(run, mesh, list(range(mesh.ndim)), "distribute")
+    tensor = D.arange_block(shape)
+    return _derive(None, mesh, geo, shape, placements, lambda _, order: D.distribute(geo, tensor, placements, order))
+
+
+def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.DTensorModel:
+    if dt.geometry is None:
+        return D.DTensorModel(dt.mesh, None, dt.shape, target, {}, {})
+    moves = [(d, c, t) for d, c, t in D.greedy_transforms(dt.placements, target) if dt.mesh.shape[d] > 1]
+    _calls(run, dt.mesh, [d for d, _, _ in moves], "redistribute")
+    return _derive(dt, dt.mesh, dt.geometry, dt.shape, target,
+                   lambda state, order: D.redistribute(dt.geometry, dt.shape, state, dt.placements, target, order))
+
+
+def check_redistribute_target(dt: D.DTensorModel, target: list[tuple]) -> None:
+    D.check_placements(target, dt.mesh.ndim, len(dt.shape))
+    for current, wanted in zip(dt.placements, target):
+        if wanted[0] == "P" and current != wanted:
+            raise ModelRaise(Err("RuntimeError", "redistributing to Partial is for internal use only"))
+
+
+def global_shape(local: tuple[int, ...], placements: list[tuple], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """compute_global_tensor_info without a given shape: as if every shard were as large as this one."""
+    out = list(local)
+    for i, p in enumerate(placements):
+        if p[0] == "S":
+            out[p[1]] *= mesh_shape[i]
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------- torch's side
+
+
+def torch_observe(ex: Any, dt: Any) -> dict:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local = dt.to_local()
+    _, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
+    return D.local_observation(local.shape, ex.values_of(local), offset, [str(p) for p in dt.placements], dt.shape)
+
+
+def torch_placements(texts: list[str], ndim: int) -> list[Any]:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    out = []
+    for p in (D.parse_placement(t) for t in texts):
+        out.append(Replicate() if p[0] == "R" else Shard(p[1]) if p[0] == "S" else Partial(p[1]))
+    return out
+
+
+def torch_dtensor(ex: Any, ref: str) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    value = ex.resolve(ref)
+    if not isinstance(value, DTensor):
+        raise ex.HandleError(f"handle {ref!r} is not a DTensor")
+    return value
+
+
+def torch_block(ex: Any, shape: list[int], mesh: Any, base: float = 0.0) -> Any:
+    import torch
+
+    numel = math.prod(shape)
+    device = ex.device_of(mesh.device_type)
+    return (torch.arange(numel, dtype=torch.float64, device=device) + base).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------- generator helpers
+
+
+def dtensors(b: Any) -> list[tuple[str, D.DTensorModel]]:
+    return [(h, v) for h, v in b.run.handles.items() if isinstance(v, D.DTensorModel)]
+
+
+@st.composite
+def tensor_shapes(draw: Any, mesh_shape: tuple[int, ...]) -> list[int]:
+    """Shapes that rarely divide the mesh: sizes 0 and 1, primes, a mesh dim's size plus one."""
+    sizes = sorted({0, 1, 2, 3, 5, 7} | {s + 1 for s in mesh_shape} | set(mesh_shape))
+    return draw(st.lists(st.sampled_from(sizes), min_size=1, max_size=3))
+
+
+@st.composite
+def placement_lists(draw: Any, mesh_ndim: int, tensor_ndim: int, partial: bool = True) -> list[str]:
+    """One placement per mesh dim: Shard on any tensor dim (the same one on two mesh dims included; negative
+    now and then), Replicate, and Partial with one reduce op for the whole list."""
+    op = draw(st.sampled_from(D.REDUCE_OPS))
+    out = []
+    for _ in range(mesh_ndim):
+        kind = draw(st.sampled_from(["S", "S", "R"] + (["P"] if partial else [])))
+        if kind == "S":
+            dim = draw(st.integers(0, tensor_ndim - 1))
+            out.append(f"S({dim - tensor_ndim if rarely(draw, 6) else dim})")
+        else:
+            out.append("R" if kind == "R" else f"P({op})")
+    return out
+
+
+def usable(mesh: Any) -> bool:
+    return mesh.backend_ready and mesh.creation_quirk is None and isinstance(mesh.view, list) and mesh.ndim >= 1
+
+
+# --------------------------------------------------------------------------------------------- the operations
+
+
+@operation("distribute", "dtensor", {"mesh": F.MESH, "shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS},
+           required=("mesh", "shape", "placements"), produces=DT)
+class Distribute:
+    """distribute_tensor of a global tensor holding 0, 1, 2, ... (float64) with one placement per mesh dim;
+    observes the rank's local shape, values and global offset"""
+
+    def model(run: Any, a: dict) -> Any:
+        return model_distribute(run, a)
+
+    def torch(ex: Any, a: dict) -> Any:
+        from torch.distributed.tensor import distribute_tensor
+
+        mesh = ex.mesh(a["mesh"])
+        tensor = torch_block(ex, a["shape"], mesh)
+        return distribute_tensor(tensor, mesh, torch_placements(a["placements"], len(a["shape"])))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        if not usable(mesh):
+            return None
+        shape = draw(tensor_shapes(mesh.shape))
+        placements = draw(placement_lists(mesh.ndim, len(shape)))
+        return step("distribute", mesh=handle, shape=shape, placements=placements, out=b.fresh("t"))
+
+
+@operation("redistribute", "dtensor", {"tensor": F.DTENSOR, "placements": F.PLACEMENTS},
+           required=("tensor", "placements"), produces=DT)
+class Redistribute:
+    """DTensor.redistribute to other placements (to Partial only where it already is: torch refuses the rest)"""
+
+    def model(run: Any, a: dict) -> Any:
+        dt = _dtensor(run, a["tensor"])
+        target = placements_of(a, len(dt.shape))
+        check_redistribute_target(dt, target)
+        return model_redistribute(run, dt, target)
+
+    def torch(ex: Any, a: dict) -> Any:
+        dt = torch_dtensor(ex, a["tensor"])
+        return dt.redistribute(dt.device_mesh, torch_placements(a["placements"], dt.ndim))
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        held = dtensors(b)
+        if not held:
+            return None
+        ref, dt = draw(st.sampled_from(held))
+        target = draw(placement_lists(dt.mesh.ndim, len(dt.shape), partial=False))
+        for i, p in enumerate(dt.placements):  # keep a pending Partial (or, rarely, ask for another: refused)
+            if p[0] == "P" and (draw(st.booleans()) or not allow_errors or not rarely(draw, 8)):
+                target[i] = D.placement_text(p)
+        return step("redistribute", tensor=ref, placements=target, out=b.fresh("t"))
+
+
+@operation("full_tensor", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
+class FullTensor:
+    """DTensor.full_tensor(): every rank observes the whole tensor's shape and values"""
+
+    def model(run: Any, a: dict) -> Any:
+        dt = _dtensor(run, a["tensor"])
+        whole = model_redistribute(run, dt, [("R",)] * len(dt.placements))
+        if dt.mesh.coordinate is None:
+            return {"shape": [0], "values": []}
+        rank = run.model.rank
+
+        def seen(state: dict) -> Any:
+            block = state[rank]
+            return {"shape": list(block.shape), "values": D.tensor_values(block.values)}
+
+        return whole.observe(rank, seen)
+
+    def torch(ex: Any, a: dict) -> Any:
+        full = torch_dtensor(ex, a["tensor"]).full_tensor()
+        return {"shape": list(full.shape), "values": ex.values_of(full)}
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        held = dtensors(b)
+        return step("full_tensor", tensor=draw(st.sampled_from(held))[0]) if held else None
+
+
+@operation("to_local", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
+class ToLocal:
+    """DTensor.to_local(): the rank's block, its shape, values and whether it is contiguous"""
+
+    def model(run: Any, a: dict) -> Any:
+        dt = _dtensor(run, a["tensor"])
+        rank = run.model.rank
+
+        def seen(state: dict) -> Any:
+            block = state.get(rank, D.empty_block())
+            return {"shape": list(block.shape), "values": D.tensor_values(block.values), "contiguous": True}
+
+        return seen({}) if dt.mesh.coordinate is None else dt.observe(rank, seen)
+
+    def torch(ex: Any, a: dict) -> Any:
+        local = torch_dtensor(ex, a["tensor"]).to_local()
+        return {"shape": list(local.shape), "values": ex.values_of(local), "contiguous": local.is_contiguous()}
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        held = dtensors(b)
+        return step("to_local", tensor=draw(st.sampled_from(held))[0]) if held else None
+
+
+@operation("from_local", "dtensor",
+           {"mesh": F.MESH, "tensor": F.DTENSOR, "local_shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
+            "run_check": F.BOOL, "shape": F.TENSOR_SHAPE},
+           required=("mesh", "placements"), produces=DT)
+class FromLocal:
+    """DTensor.from_local of this rank's block: `tensor`'s local block, or a fresh `local_shape` block holding
+    4096 * 2**rank + 0, 1, 2, ... (values that tell ranks apart); `shape` passes the global shape (and its
+    contiguous stride), else torch infers it as if shards were even; `run_check` broadcasts Replicate dims"""
+
+    def check_args(a: dict) -> None:
+        if ("tensor" in a) == ("local_shape" in a):
+            raise F.PlanError("needs exactly one of 'tensor' (a DTensor whose block to take) or 'local_shape'")
+
+    def model(run: Any, a: dict) -> Any:
+        mesh = run.mesh(a["mesh"])
+        source = _dtensor(run, a["tensor"]) if "tensor" in a else None
+        rank = run.model.rank
+        geo = _geometry(mesh)
+        blocks = _from_local_blocks(run, source, a, geo)
+        ndim = len(blocks[rank].shape) if rank in blocks else len(source.shape if source else a["local_shape"])
+        placements = placements_of(a, ndim)
+        D.check_placements(placements, mesh.ndim, ndim)
+        mine = blocks.get(rank, D.empty_block())
+        shape = tuple(a["shape"]) if "shape" in a else global_shape(mine.shape, placements, mesh.shape)
+        if geo is None:
+            return D.DTensorModel(mesh, None, shape, placements, {}, {})
+        checked = [d for d, p in enumerate(placements) if p[0] == "R"] if a.get("run_check") else []
+        _calls(run, mesh, checked, "from_local check")
+
+        def sim(_: Any, order: Any) -> dict:
+            out = dict(blocks)
+            for d in checked:
+                out = {r: out[order(geo, r, d)[0]] for r in geo.flat}
+            return out
+
+        prev = None if source is None else source
+        return _derive(prev if source is not None and source.mesh is mesh else None, mesh, geo, shape, placements,
+                       sim)
+
+    def torch(ex: Any, a: dict) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        mesh = ex.mesh(a["mesh"])
+        if "tensor" in a:
+            local = torch_dtensor(ex, a["tensor"]).to_local()
+        else:
+            local = torch_block(ex, a["local_shape"], mesh, rank_weight(ex.rank))
+        kwargs: dict = {}
+        if "shape" in a:
+            import torch
+
+            kwargs = {"shape": torch.Size(a["shape"]), "stride": _contiguous_stride(a["shape"])}
+        return DTensor.from_local(local, mesh, torch_placements(a["placements"], local.ndim),
+                                  run_check=a.get("run_check", False), **kwargs)
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        if not usable(mesh):
+            return None
+        own = [(h, dt) for h, dt in dtensors(b) if dt.mesh is mesh]
+        run_check = draw(st.booleans())
+        if own and draw(st.booleans()):
+            ref, dt = draw(st.sampled_from(own))
+            placements = [D.placement_text(p) for p in dt.placements]
+            extra = {"shape": list(dt.shape)} if draw(st.booleans()) else {}
+            return step("from_local", mesh=handle, tensor=ref, placements=placements, run_check=run_check,
+                        out=b.fresh("t"), **extra)
+        local_shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=2))
+        placements = draw(placement_lists(mesh.ndim, len(local_shape)))
+        return step("from_local", mesh=handle, local_shape=local_shape, placements=placements, run_check=run_check,
+                    out=b.fresh("t"))
+
+
+def _from_local_blocks(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> dict:
+    """Every member's block as from_local receives it (torch's own blocks where the model simulates them)."""
+    if geo is None:
+        if source is None:
+            return {run.model.rank: D.arange_block(tuple(a["local_shape"]), rank_weight(run.model.rank))}
+        state = source.torch if source.torch is not None else source.right
+        return {run.model.rank: state[run.model.rank]} if run.model.rank in state else {}
+    if source is None:
+        return {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in geo.flat}
+    state = source.right
+    return {r: state.get(r, D.empty_block()) for r in geo.flat}
+
+
+def _contiguous_stride(shape: list[int]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+@operation("sum", "dtensor", {"tensor": F.DTENSOR, "dim": F.TENSOR_DIM}, required=("tensor", "dim"),
+           produces=DT)
+class Sum:
+    """torch.sum over one tensor dim of a DTensor: a dim sharded on a mesh dim becomes Partial(sum) there"""
+
+    def model(run: Any, a: dict) -> Any:
+        dt = _dtensor(run, a["tensor"])
+        ndim = len(dt.shape)
+        dim = a["dim"] + ndim if a["dim"] < 0 else a["dim"]
+        if not 0 <= dim < ndim:
+            raise ModelRaise(Err("IndexError", "Dimension out of range"))
+        placements = [_after_sum(p, dim) for p in dt.placements]
+        shape = dt.shape[:dim] + dt.shape[dim + 1:]
+        state = {r: D.sum_dim(block, dim) for r, block in dt.right.items()}
+        torch = state if dt.torch is dt.right else None if dt.torch is None else {
+            r: D.sum_dim(block, dim) for r, block in dt.torch.items()}
+        return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch)
+
+    def torch(ex: Any, a: dict) -> Any:
+        import torch
+
+        return torch.sum(torch_dtensor(ex, a["tensor"]), dim=a["dim"])
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        held = [(h, dt) for h, dt in dtensors(b) if dt.shape and not any(p[0] == "P" for p in dt.placements)]
+        if not held:
+            return None
+        ref, dt = draw(st.sampled_from(held))
+        return step("sum", tensor=ref, dim=draw(st.integers(0, len(dt.shape) - 1)), out=b.fresh("t"))
+
+
+def _after_sum(p: tuple, dim: int) -> tuple:
+    if p[0] == "S" and p[1] == dim:
+        return ("P", "sum")
+    if p[0] == "S" and p[1] > dim:
+        return ("S", p[1] - 1)
+    return p

@@ -67,6 +67,16 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
+            "dtensor-local-not-contiguous",
+            "Uneven redistribute leaves a non-contiguous local tensor, where distribute_tensor leaves a contiguous one",
+            "torch-inconsistent",
+            "distribute_tensor makes every unpadded shard contiguous, but redistribute's Shard(d>0) -> Replicate "
+            "(and full_tensor()), Partial -> Shard(d>0) and Shard -> Shard(d>0) unpad with narrow() and return "
+            "the view: .view() on it fails ('view size is not compatible with input tensor's size and stride'). "
+            "Known: pytorch/pytorch#173041 and #143748; fixes #174134, #169031, #184443 were closed unmerged.",
+            since="2.9.0",
+        ),
+        Finding(
             "repeated-rank-accepted", "An explicit mesh that names a rank twice is not rejected",
             "torch-inconsistent",
             "DeviceMesh('cpu', [[0, 1], [1, 2]]) is accepted: one rank raises 'Each device mesh dimension should "

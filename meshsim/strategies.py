@@ -15,9 +15,11 @@ from typing import Any
 from hypothesis import event
 from hypothesis import strategies as st
 
+from .model import dtensor as D
 from .model.mesh import MeshModel
 from .model.predict import RankRun, observe_step
 from .ops import OPERATIONS, of_role, rarely
+from .ops.dtensor import redistribute_targets, usable
 from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
 from .spec.plan import Plan, Step, step
 from .spec.topology import Topology
@@ -80,7 +82,8 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
 WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
            "query": 4, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
            "scatter": 1, "reduce_scatter": 1, "new_group": 1, "compare": 1, "root_mesh": 1, "group_count": 1,
-           "root": 1, "composition": 5}
+           "root": 1, "composition": 5, "distribute": 2, "redistribute": 2, "full_tensor": 1, "to_local": 1,
+           "from_local": 1, "sum": 1, "dtensor": 5}
 
 
 @st.composite
@@ -103,8 +106,8 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
         handle, mesh = draw(st.sampled_from(meshes))
         choice = draw(st.sampled_from(menu))
         event(f"drew {choice}")  # pytest --hypothesis-show-statistics: how often each kind of step is drawn
-        if choice == "composition":
-            draw(compositions(b, handle, mesh, allow_errors))
+        if choice in ("composition", "dtensor"):
+            draw((compositions if choice == "composition" else dtensor_compositions)(b, handle, mesh, allow_errors))
             continue
         made = draw(root_steps(world, allow_errors, builder=b) if choice == "root" else
                     OPERATIONS[choice].draw(b, handle, mesh, allow_errors))
@@ -270,6 +273,62 @@ def _edge_request(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_er
 
 COMPOSITIONS = (_flatten_family, _concatenate_both_ways, _unflatten_a_flattened_dim, _submesh_of_submesh,
                 _from_hand_made_groups, _edge_request, _edge_request)
+
+
+@st.composite
+def _dtensor_chain(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """distribute, then a chain of redistributes (nested shardings and shard-to-shard moves among them), each
+    seen through to_local now and then, and full_tensor at the end."""
+    made = draw(OPERATIONS["distribute"].draw(b, handle, mesh, allow_errors))
+    if made is None:
+        return
+    b.add(made)
+    ref = made.out
+    for _ in range(draw(st.integers(1, 3))):
+        dt = b.run.handles.get(ref)
+        if not isinstance(dt, D.DTensorModel):
+            return
+        out = b.fresh("t")
+        b.add(step("redistribute", tensor=ref, placements=draw(redistribute_targets(dt, allow_errors)), out=out))
+        ref = out
+        if draw(st.booleans()):
+            b.add(step("to_local", tensor=ref))
+    if ref in b.run.handles:
+        b.add(step("full_tensor", tensor=ref))
+
+
+@st.composite
+def _partial_on_equal_dims(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """from_local of blocks that tell ranks apart, Partial on one of two mesh dims of equal size, then reduced
+    by a redistribute or full_tensor: a reduction over the other dim would show in the values."""
+    if not usable(mesh) or not mesh.ndim:
+        return
+    pairs = [(i, j) for i in range(mesh.ndim) for j in range(i + 1, mesh.ndim) if mesh.shape[i] == mesh.shape[j]]
+    dims = list(draw(st.sampled_from(pairs))) if pairs else [0]
+    partial = draw(st.sampled_from(dims))
+    local_shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))
+    placements = ["R"] * mesh.ndim
+    placements[partial] = f"P({draw(st.sampled_from(D.REDUCE_OPS))})"
+    for d in range(mesh.ndim):
+        if d != partial and draw(st.booleans()):
+            placements[d] = f"S({draw(st.integers(0, len(local_shape) - 1))})"
+    out = b.fresh("t")
+    b.add(step("from_local", mesh=handle, local_shape=local_shape, placements=placements, out=out))
+    if draw(st.booleans()):
+        target = list(placements)
+        target[partial] = draw(st.sampled_from(["R", "S(0)"]))
+        reduced = b.fresh("t")
+        b.add(step("redistribute", tensor=out, placements=target, out=reduced))
+        b.add(step("to_local", tensor=reduced))
+    b.add(step("full_tensor", tensor=out))
+
+
+DTENSOR_COMPOSITIONS = (_dtensor_chain, _partial_on_equal_dims)
+
+
+@st.composite
+def dtensor_compositions(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    draw(draw(st.sampled_from(DTENSOR_COMPOSITIONS))(b, handle, mesh, allow_errors))
 
 
 @st.composite

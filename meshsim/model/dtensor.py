@@ -29,6 +29,7 @@ MAX_DTENSOR_DIMS = 4
 MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
 SHOWN_VALUES = 64  # more values than this are observed as a digest
 FINDING = "dtensor-chunk-by-group-rank"
+NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 
 _PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((sum|avg|max|min)\)")
 
@@ -59,10 +60,16 @@ def is_shard(p: tuple, dim: int | None = None) -> bool:
 
 @dataclass(frozen=True)
 class Block:
-    """A dense tensor: its shape and its values in row-major order."""
+    """A tensor: its shape, its values in row-major order, and its strides where it is a non-contiguous view
+    (torch's narrow leaves one; None: contiguous)."""
 
     shape: tuple[int, ...]
     values: tuple[float, ...]
+    strides: tuple[int, ...] | None = None
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides is None
 
     def split3(self, dim: int) -> tuple[int, int, int]:
         return math.prod(self.shape[:dim]), self.shape[dim], math.prod(self.shape[dim + 1:])
@@ -77,13 +84,39 @@ def empty_block() -> Block:
     return Block((0,), ())
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """torch's is_contiguous: an empty tensor is; size-1 dims' strides do not count."""
+    if math.prod(shape) == 0:
+        return True
+    return all(size == 1 or st == want for size, st, want in zip(shape, strides, contiguous_strides(shape)))
+
+
 def narrow(b: Block, dim: int, start: int, length: int) -> Block:
+    """A view (torch.narrow): the strides stay those of the tensor it narrows."""
+    if length == b.shape[dim]:
+        return b
     outer, size, inner = b.split3(dim)
     out: list[float] = []
     for o in range(outer):
         base = (o * size + start) * inner
         out.extend(b.values[base:base + length * inner])
-    return Block(b.shape[:dim] + (length,) + b.shape[dim + 1:], tuple(out))
+    shape = b.shape[:dim] + (length,) + b.shape[dim + 1:]
+    strides = b.strides or contiguous_strides(b.shape)
+    return Block(shape, tuple(out), None if is_contiguous(shape, strides) else strides)
+
+
+def made_contiguous(b: Block) -> Block:
+    return Block(b.shape, b.values) if b.strides is not None else b
+
+
+def select_chunk(b: Block, dim: int, k: int, index: int) -> Block:
+    """Shard._select_split_tensor(clone=True): a chunk, cloned (a clone of a view with gaps is contiguous)."""
+    start, length = chunk_bounds(b.shape[dim], k)[index]
+    return made_contiguous(narrow(b, dim, start, length))
 
 
 def cat(blocks: list[Block], dim: int) -> Block:
@@ -169,6 +202,11 @@ def tensor_values(flat: Iterable[float]) -> Any:
     return {"values_digest": hashlib.blake2b(repr(shown).encode(), digest_size=10).hexdigest(), "numel": len(shown)}
 
 
+def contiguity(block: Block) -> Any:
+    """A local tensor should be contiguous (distribute_tensor makes it so); redistribute's unpadding leaves views."""
+    return True if block.contiguous else Quirk(True, False, NOT_CONTIGUOUS)
+
+
 def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict:
     return {"shape": list(shape), "placements": placements, "local_shape": list(local_shape),
             "offset": list(offset), "values": values}
@@ -252,15 +290,26 @@ def logical_shapes(shape: tuple[int, ...], placements: list[tuple], coordinate: 
 
 def local_shape_and_offset(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...] | None,
                            mesh_shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
-    """compute_local_shape_and_global_offset: nested chunking in mesh-dim order, by coordinate."""
+    """compute_local_shape_and_global_offset: nested chunking in mesh-dim order, by coordinate. An empty shard's
+    offset is the global dim's size (torch's convention); a non-member has local shape [0] and no offset."""
     if coordinate is None:
         return [0], []
-    local, offset = list(shape), [0] * len(shape)
+    local = list(shape)
+    indices: dict[int, list[int]] = {}  # tensor dim -> the global indices this rank's shard covers
     for i, p in enumerate(placements):
-        if p[0] == "S":
-            start, length = chunk_bounds(local[p[1]], mesh_shape[i])[coordinate[i]]
-            offset[p[1]] += start
-            local[p[1]] = length
+        if p[0] != "S":
+            continue
+        d = p[1]
+        start, length = chunk_bounds(local[d], mesh_shape[i])[coordinate[i]]
+        if length == 0:
+            indices[d] = [shape[d]]
+        else:
+            own = list(range(start, start + length))
+            indices[d] = [indices[d][j] for j in own] if d in indices else own
+        local[d] = length
+    offset = [0] * len(shape)
+    for d, index in indices.items():
+        offset[d] = index[0]
     return local, offset
 
 
@@ -277,7 +326,7 @@ def distribute(geo: Geometry, tensor: Block, placements: list[tuple], order: Ord
                 chunks, _ = split_padded(src, p[1], len(members))
                 _, my_pads = split_padded(locals_[r], p[1], len(members))
                 got = chunks[members.index(r)]
-                new[r] = narrow(got, p[1], 0, got.shape[p[1]] - my_pads[geo.coordinate[r][d]])
+                new[r] = made_contiguous(narrow(got, p[1], 0, got.shape[p[1]] - my_pads[geo.coordinate[r][d]]))
             elif p[0] == "P" and p[1] == "sum":
                 new[r] = scale(src, len(members))
             else:
@@ -333,8 +382,7 @@ def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current
         padded = [_pad_to(locals_[m], a, size, k) for m in members]
         return narrow(cat(padded, a), a, 0, size)
     if target[0] == "S" and current[0] == "R":
-        start, length = chunk_bounds(mine.shape[target[1]], k)[coord]
-        return narrow(mine, target[1], start, length)
+        return select_chunk(mine, target[1], k, coord)
     if target[0] == "S" and current[0] == "P":
         a = target[1]
         chunks = [split_padded(locals_[m], a, k) for m in members]

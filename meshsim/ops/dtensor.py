@@ -178,6 +178,19 @@ def placement_lists(draw: Any, mesh_ndim: int, tensor_ndim: int, partial: bool =
     return out
 
 
+@st.composite
+def redistribute_targets(draw: Any, dt: D.DTensorModel, allow_errors: bool) -> list[str]:
+    """Shard or Replicate per mesh dim; a pending Partial is kept or reduced (rarely: turned into another
+    Partial, which torch refuses)."""
+    target = draw(placement_lists(dt.mesh.ndim, len(dt.shape), partial=False)) if dt.shape else ["R"] * len(
+        dt.placements)
+    for i, p in enumerate(dt.placements):
+        if p[0] == "P" and draw(st.booleans()):
+            other = [o for o in D.REDUCE_OPS if o != p[1]][0]
+            target[i] = f"P({other})" if allow_errors and rarely(draw, 10) else D.placement_text(p)
+    return target
+
+
 def usable(mesh: Any) -> bool:
     return mesh.backend_ready and mesh.creation_quirk is None and isinstance(mesh.view, list) and mesh.ndim >= 1
 
@@ -231,33 +244,31 @@ class Redistribute:
         if not held:
             return None
         ref, dt = draw(st.sampled_from(held))
-        target = draw(placement_lists(dt.mesh.ndim, len(dt.shape), partial=False))
-        for i, p in enumerate(dt.placements):  # keep a pending Partial (or, rarely, ask for another: refused)
-            if p[0] == "P" and (draw(st.booleans()) or not allow_errors or not rarely(draw, 8)):
-                target[i] = D.placement_text(p)
-        return step("redistribute", tensor=ref, placements=target, out=b.fresh("t"))
+        return step("redistribute", tensor=ref, placements=draw(redistribute_targets(dt, allow_errors)),
+                    out=b.fresh("t"))
 
 
 @operation("full_tensor", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
 class FullTensor:
-    """DTensor.full_tensor(): every rank observes the whole tensor's shape and values"""
+    """DTensor.full_tensor(): every rank observes the whole tensor's shape, values and whether it is contiguous"""
 
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         whole = model_redistribute(run, dt, [("R",)] * len(dt.placements))
         if dt.mesh.coordinate is None:
-            return {"shape": [0], "values": []}
+            return {"shape": [0], "values": [], "contiguous": True}
         rank = run.model.rank
 
         def seen(state: dict) -> Any:
             block = state[rank]
-            return {"shape": list(block.shape), "values": D.tensor_values(block.values)}
+            return {"shape": list(block.shape), "values": D.tensor_values(block.values),
+                    "contiguous": D.contiguity(block)}
 
         return whole.observe(rank, seen)
 
     def torch(ex: Any, a: dict) -> Any:
         full = torch_dtensor(ex, a["tensor"]).full_tensor()
-        return {"shape": list(full.shape), "values": ex.values_of(full)}
+        return {"shape": list(full.shape), "values": ex.values_of(full), "contiguous": full.is_contiguous()}
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -275,7 +286,8 @@ class ToLocal:
 
         def seen(state: dict) -> Any:
             block = state.get(rank, D.empty_block())
-            return {"shape": list(block.shape), "values": D.tensor_values(block.values), "contiguous": True}
+            return {"shape": list(block.shape), "values": D.tensor_values(block.values),
+                    "contiguous": D.contiguity(block)}
 
         return seen({}) if dt.mesh.coordinate is None else dt.observe(rank, seen)
 
@@ -319,7 +331,7 @@ class FromLocal:
         _calls(run, mesh, checked, "from_local check")
 
         def sim(_: Any, order: Any) -> dict:
-            out = dict(blocks)
+            out = {r: D.made_contiguous(b) for r, b in blocks.items()} if checked else dict(blocks)
             for d in checked:
                 out = {r: out[order(geo, r, d)[0]] for r in geo.flat}
             return out

@@ -68,13 +68,24 @@ REGISTRY: dict[str, Finding] = {
         ),
         Finding(
             "dtensor-local-not-contiguous",
-            "Uneven redistribute leaves a non-contiguous local tensor, where distribute_tensor leaves a contiguous one",
+            "Uneven Shard -> Shard and Partial -> Shard redistributes leave a non-contiguous local tensor",
             "torch-inconsistent",
-            "distribute_tensor makes every unpadded shard contiguous, but redistribute's Shard(d>0) -> Replicate "
-            "(and full_tensor()), Partial -> Shard(d>0) and Shard -> Shard(d>0) unpad with narrow() and return "
-            "the view: .view() on it fails ('view size is not compatible with input tensor's size and stride'). "
-            "Known: pytorch/pytorch#173041 and #143748; fixes #174134, #169031, #184443 were closed unmerged.",
+            "distribute_tensor and (since the fix for pytorch/pytorch#173041) Shard -> Replicate make the unpadded "
+            "local tensor contiguous, but Shard(a) -> Shard(b) (all_to_all) and Partial -> Shard(b) (reduce_scatter) "
+            "with b > 0 and uneven sizes still unpad with narrow() and return the view: .view() on it fails. "
+            "A known class (#173041, #143748); these two paths are not named on the trackers.",
             since="2.9.0",
+        ),
+        Finding(
+            "from-local-run-check-world",
+            "DTensor.from_local(run_check=True) on a mesh that leaves ranks out hangs",
+            "torch-wrong",
+            "run_check's check_tensor_meta calls all_gather_object over the default group, not the mesh's groups, "
+            "while ranks outside the mesh return before it: on DeviceMesh('cpu', [2]) in a world of 8, rank 2 "
+            "waits in that all_gather forever. It also compares shapes across meshes that share nothing. Right: "
+            "gather the metadata within the mesh. Not on the trackers (searched: from_local run_check hang "
+            "submesh, check_tensor_meta all_gather_object default group).",
+            since="2.5.0",
         ),
         Finding(
             "repeated-rank-accepted", "An explicit mesh that names a rank twice is not rejected",

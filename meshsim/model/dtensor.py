@@ -380,7 +380,7 @@ def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current
     if target[0] == "R" and current[0] == "S":
         a, size = current[1], logical[current[1]]
         padded = [_pad_to(locals_[m], a, size, k) for m in members]
-        return narrow(cat(padded, a), a, 0, size)
+        return made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies the unpadded view
     if target[0] == "S" and current[0] == "R":
         return select_chunk(mine, target[1], k, coord)
     if target[0] == "S" and current[0] == "P":

@@ -16,6 +16,8 @@ from . import layout as L
 from .dtensor import DTensorModel
 from .mesh import CPU, Call, Group, MeshModel, Platform, RankModel
 
+RUN_CHECK = "dtensor from_local run_check"  # meshsim.ops.dtensor's call kind (the model imports no op)
+
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 
@@ -77,6 +79,12 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
     if any(s.call.kind == "create" for s in stuck) and any(
             p.end == FINISHED and p.rank not in stuck_ranks for p in preds):
         prediction.findings.add("mesh-shape-divergence-hangs")  # some ranks built their groups and went on
+    if stuck and all(s.call.kind == RUN_CHECK for s in stuck) and not late:
+        # from_local(run_check=True) gathers metadata over the default group, so a mesh that leaves ranks out
+        # waits for them forever; checked within the mesh, the run would end as if nothing waited.
+        prediction.findings.add("from-local-run-check-world")
+        prediction.outcome = Quirk(outcome_of((p.end for p in preds), hung=False), outcome,
+                                   "from-local-run-check-world")
     deaths = [min([p.end_step] + [c.step for c in p.calls[-1:]]) for p in preds if p.end == DIED]
     if deaths:
         # Peers of a dead rank see whatever their transport reports (connection closed, timeouts), from the

@@ -293,6 +293,12 @@ def _dtensor_chain(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_e
         ref = out
         if draw(st.booleans()):
             b.add(step("to_local", tensor=ref))
+    dt = b.run.handles.get(ref)
+    if isinstance(dt, D.DTensorModel) and dt.shape and draw(st.booleans()):
+        made = draw(OPERATIONS["sum"].draw(b, handle, mesh, allow_errors))  # a sharded dim summed: Partial
+        if made is not None:
+            b.add(made)
+            ref = made.out
     if ref in b.run.handles:
         b.add(step("full_tensor", tensor=ref))
 

@@ -214,6 +214,33 @@ def fuzz_section(examples: int = 150) -> None:
     console.print(table)
 
 
+def dtensor_section(examples: int = 400) -> None:
+    """The default sweep at W = 8 (goal: >= 8 plans/s with DTensor steps in it), beside the same sweep with the
+    DTensor steps switched off, measured in the same run."""
+    from meshsim import Cluster, Topology, strategies
+    from meshsim.fuzz import fuzz
+
+    table = Table(title=f"fuzz --hosts 2 --devices-per-host 4 --examples {examples}: DTensor's cost")
+    for col in ("seed", "plans/s with DTensor", "DTensor steps", "plans/s without", "outcomes"):
+        table.add_column(col, justify="right")
+    dtensor_ops = ("distribute", "redistribute", "full_tensor", "to_local", "from_local", "sum", "dtensor")
+    with Cluster(Topology(2, 4), deadline=10) as cluster:
+        for seed in (1, 2, 3):
+            report = fuzz(cluster, examples, seed=seed, deadline=10)
+            steps = sum(report.ops.get(op, 0) for op in dtensor_ops)
+            saved = dict(strategies.WEIGHTS)
+            try:
+                for op in dtensor_ops:
+                    strategies.WEIGHTS.pop(op, None)
+                baseline = fuzz(cluster, examples, seed=seed, deadline=10)
+            finally:
+                strategies.WEIGHTS.clear()
+                strategies.WEIGHTS.update(saved)
+            table.add_row(str(seed), f"{report.rate:.1f}", str(steps), f"{baseline.rate:.1f}",
+                          json.dumps(dict(report.outcomes)))
+    console.print(table)
+
+
 def find_section() -> None:
     from meshsim import Topology
     from meshsim import Cluster
@@ -349,7 +376,8 @@ def launch_section(rounds: int = 3) -> None:
                   f"started ({result.diagnosis.kind}, culprits {result.diagnosis.culprits})")
 
 
-SECTIONS = {"start": start_section, "launch": launch_section, "plans": plans_section, "fuzz": fuzz_section, "find": find_section,
+SECTIONS = {"start": start_section, "launch": launch_section, "plans": plans_section, "fuzz": fuzz_section,
+            "dtensor": dtensor_section, "find": find_section,
             "memory": memory_section, "tiers": lambda: tiers_section(console),
             "tiers-big": lambda: tiers_section(console, big=True), "soak": soak_section}
 

@@ -29,6 +29,30 @@ def digest_ints(flat: bytes, shape: list[int]) -> dict:
     return {"digest": hashlib.blake2b(flat, digest_size=12).hexdigest(), "shape": list(shape)}
 
 
+RUN_CHECK_CALL = "dtensor from_local run_check"  # the model's name for run_check's gather (a hang names it)
+SHOWN_VALUES = 64  # a tensor of more values than this is observed as a digest
+
+
+def tensor_values(flat: Any) -> Any:
+    """A tensor's values as observed: exact (rounded to 6 decimals; integral values as ints), or a digest when
+    there are many."""
+    shown = []
+    for v in flat:
+        r = round(float(v), 6) + 0.0  # + 0.0: no -0.0
+        shown.append(int(r) if r.is_integer() else r)
+    if len(shown) <= SHOWN_VALUES:
+        return shown
+    import hashlib
+
+    return {"values_digest": hashlib.blake2b(repr(shown).encode(), digest_size=10).hexdigest(), "numel": len(shown)}
+
+
+def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict:
+    """What a rank observes of a DTensor: its spec, its local tensor, and where that sits in the whole."""
+    return {"shape": list(shape), "placements": placements, "local_shape": list(local_shape),
+            "offset": list(offset), "values": values}
+
+
 def is_digest(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"digest", "shape"}
 

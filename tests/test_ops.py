@@ -50,7 +50,7 @@ def _drawn_ops(strategy, examples=300):
 
 
 def test_the_plan_strategy_draws_every_root_derived_query_and_collective_operation():
-    assert _drawn_ops(plans(8)) >= (set(WEIGHTS) - {"root", "composition"}) | {"init_device_mesh", "mesh"}
+    assert _drawn_ops(plans(8)) >= (set(WEIGHTS) - {"root", "composition", "dtensor"}) | {"init_device_mesh", "mesh"}
 
 
 def test_the_divergent_strategy_draws_every_fault():

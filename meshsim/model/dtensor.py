@@ -17,38 +17,20 @@ before a collective, unpadding after it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+from ..spec.placements import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL, REDUCE_OPS, parse_placement, placement_text
+from ..wire import local_observation, tensor_values
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
-REDUCE_OPS = ("sum", "avg", "max", "min")
-MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
-MAX_DTENSOR_DIMS = 4
+__all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "parse_placement", "placement_text"]
+
 MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
-SHOWN_VALUES = 64  # more values than this are observed as a digest
 FINDING = "dtensor-chunk-by-group-rank"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 
-_PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((sum|avg|max|min)\)")
-
-
 # --------------------------------------------------------------------------------------------- placements
-
-
-def parse_placement(text: str) -> tuple:
-    """"S(d)" -> ("S", d), "R" -> ("R",), "P(op)" -> ("P", op); torch's str() of Shard, Replicate, Partial."""
-    match = _PLACEMENT.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"placement {text!r} is not S(dim), R or P(sum|avg|max|min)")
-    if text == "R":
-        return ("R",)
-    return ("S", int(match.group(1))) if match.group(1) is not None else ("P", match.group(2))
-
-
-def placement_text(p: tuple) -> str:
-    return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"
 
 
 def is_shard(p: tuple, dim: int | None = None) -> bool:
@@ -189,27 +171,9 @@ def scale(b: Block, factor: float) -> Block:
 # --------------------------------------------------------------------------------------------- observations
 
 
-def tensor_values(flat: Iterable[float]) -> Any:
-    """Values as observed: exact (rounded to 6 decimals; integral values as ints), or a digest when many."""
-    shown = []
-    for v in flat:
-        r = round(float(v), 6) + 0.0  # + 0.0: no -0.0
-        shown.append(int(r) if r.is_integer() else r)
-    if len(shown) <= SHOWN_VALUES:
-        return shown
-    import hashlib
-
-    return {"values_digest": hashlib.blake2b(repr(shown).encode(), digest_size=10).hexdigest(), "numel": len(shown)}
-
-
 def contiguity(block: Block) -> Any:
     """A local tensor should be contiguous (distribute_tensor makes it so); redistribute's unpadding leaves views."""
     return True if block.contiguous else Quirk(True, False, NOT_CONTIGUOUS)
-
-
-def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict:
-    return {"shape": list(shape), "placements": placements, "local_shape": list(local_shape),
-            "offset": list(offset), "values": values}
 
 
 # --------------------------------------------------------------------------------------------- the mesh

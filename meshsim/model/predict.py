@@ -10,13 +10,11 @@ from typing import Any, Iterator
 
 from ..outcome import ERROR, PASS, UNDEFINED, blame, divergent_ranks, outcome_of
 from ..spec.plan import Plan, Step
-from ..wire import DIED, FINISHED, SKIPPED
+from ..wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED
 from .expect import Err, ModelRaise, Quirk
 from . import layout as L
 from .dtensor import DTensorModel
 from .mesh import CPU, Call, Group, MeshModel, Platform, RankModel
-
-RUN_CHECK = "dtensor from_local run_check"  # meshsim.ops.dtensor's call kind (the model imports no op)
 
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
@@ -79,7 +77,7 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
     if any(s.call.kind == "create" for s in stuck) and any(
             p.end == FINISHED and p.rank not in stuck_ranks for p in preds):
         prediction.findings.add("mesh-shape-divergence-hangs")  # some ranks built their groups and went on
-    if stuck and all(s.call.kind == RUN_CHECK for s in stuck) and not late:
+    if stuck and all(s.call.kind == RUN_CHECK_CALL for s in stuck) and not late:
         # from_local(run_check=True) gathers metadata over the default group, so a mesh that leaves ranks out
         # waits for them forever; checked within the mesh, the run would end as if nothing waited.
         prediction.findings.add("from-local-run-check-world")

@@ -13,11 +13,23 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..model import dtensor as D
-from ..model.expect import Err, ModelRaise
 from ..spec import fields as F
+from ..spec.placements import REDUCE_OPS, parse_placement, placement_text
 from ..spec.plan import step
+from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
 from . import operation, rarely
+
+
+class _Model:
+    """meshsim.model.dtensor, imported on first use: ranks run only the torch parts and never import the model."""
+
+    def __getattr__(self, name: str) -> Any:
+        from ..model import dtensor
+
+        return getattr(dtensor, name)
+
+
+D = _Model()
 
 DT = F.PRODUCES_DTENSOR
 
@@ -28,7 +40,7 @@ def rank_weight(rank: int) -> float:
 
 
 def placements_of(a: dict, ndim: int) -> list[tuple]:
-    return D.normalize([D.parse_placement(p) for p in a["placements"]], ndim)
+    return D.normalize([parse_placement(p) for p in a["placements"]], ndim)
 
 
 # --------------------------------------------------------------------------------------------- the model's side
@@ -37,7 +49,7 @@ def placements_of(a: dict, ndim: int) -> list[tuple]:
 def _dtensor(run: Any, ref: str) -> D.DTensorModel:
     value = run.resolve(ref)
     if not isinstance(value, D.DTensorModel):
-        raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a DTensor"))
+        raise D.ModelRaise(D.Err("HandleError", f"handle {ref!r} is not a DTensor"))
     return value
 
 
@@ -71,7 +83,7 @@ def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shap
 
 def _geometry(mesh: Any) -> D.Geometry | None:
     if not mesh.backend_ready:
-        raise ModelRaise(Err("RuntimeError", "process groups not initialized"))
+        raise D.ModelRaise(D.Err("RuntimeError", "process groups not initialized"))
     return D.geometry_of(mesh) if mesh.coordinate is not None else None
 
 
@@ -99,7 +111,7 @@ def check_redistribute_target(dt: D.DTensorModel, target: list[tuple]) -> None:
     """DTensor.redistribute refuses a new Partial first, then a placement list that does not fit."""
     for current, wanted in zip(dt.placements, target):
         if wanted[0] == "P" and current != wanted:
-            raise ModelRaise(Err("RuntimeError", "redistributing to Partial is for internal use only"))
+            raise D.ModelRaise(D.Err("RuntimeError", "redistributing to Partial is for internal use only"))
     D.check_placements(target, dt.mesh.ndim, len(dt.shape))
 
 
@@ -120,14 +132,14 @@ def torch_observe(ex: Any, dt: Any) -> dict:
 
     local = dt.to_local()
     _, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
-    return D.local_observation(local.shape, ex.values_of(local), offset, [str(p) for p in dt.placements], dt.shape)
+    return local_observation(local.shape, ex.values_of(local), offset, [str(p) for p in dt.placements], dt.shape)
 
 
 def torch_placements(texts: list[str], ndim: int) -> list[Any]:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     out = []
-    for p in (D.parse_placement(t) for t in texts):
+    for p in (parse_placement(t) for t in texts):
         out.append(Replicate() if p[0] == "R" else Shard(p[1]) if p[0] == "S" else Partial(p[1]))
     return out
 
@@ -167,7 +179,7 @@ def tensor_shapes(draw: Any, mesh_shape: tuple[int, ...]) -> list[int]:
 def placement_lists(draw: Any, mesh_ndim: int, tensor_ndim: int, partial: bool = True) -> list[str]:
     """One placement per mesh dim: Shard on any tensor dim (the same one on two mesh dims included; negative
     now and then), Replicate, and Partial with one reduce op for the whole list."""
-    op = draw(st.sampled_from(D.REDUCE_OPS))
+    op = draw(st.sampled_from(REDUCE_OPS))
     out = []
     for _ in range(mesh_ndim):
         kind = draw(st.sampled_from(["S", "S", "R"] + (["P"] if partial else [])))
@@ -187,8 +199,8 @@ def redistribute_targets(draw: Any, dt: D.DTensorModel, allow_errors: bool) -> l
         dt.placements)
     for i, p in enumerate(dt.placements):
         if p[0] == "P" and draw(st.booleans()):
-            other = [o for o in D.REDUCE_OPS if o != p[1]][0]
-            target[i] = f"P({other})" if allow_errors and rarely(draw, 10) else D.placement_text(p)
+            other = [o for o in REDUCE_OPS if o != p[1]][0]
+            target[i] = f"P({other})" if allow_errors and rarely(draw, 10) else placement_text(p)
     return target
 
 
@@ -262,7 +274,7 @@ class FullTensor:
 
         def seen(state: dict) -> Any:
             block = state[rank]
-            return {"shape": list(block.shape), "values": D.tensor_values(block.values),
+            return {"shape": list(block.shape), "values": tensor_values(block.values),
                     "contiguous": D.contiguity(block)}
 
         return whole.observe(rank, seen)
@@ -287,7 +299,7 @@ class ToLocal:
 
         def seen(state: dict) -> Any:
             block = state.get(rank, D.empty_block())
-            return {"shape": list(block.shape), "values": D.tensor_values(block.values),
+            return {"shape": list(block.shape), "values": tensor_values(block.values),
                     "contiguous": D.contiguity(block)}
 
         return seen({}) if dt.mesh.coordinate is None else dt.observe(rank, seen)
@@ -369,7 +381,7 @@ class FromLocal:
         run_check = math.prod(mesh.root_mesh.shape) == b.world and draw(st.booleans())
         if own and draw(st.booleans()):
             ref, dt = draw(st.sampled_from(own))
-            placements = [D.placement_text(p) for p in dt.placements]
+            placements = [placement_text(p) for p in dt.placements]
             extra = {"shape": list(dt.shape)} if draw(st.booleans()) else {}
             return step("from_local", mesh=handle, tensor=ref, placements=placements, run_check=run_check,
                         out=b.fresh("t"), **extra)
@@ -379,15 +391,14 @@ class FromLocal:
                     out=b.fresh("t"))
 
 
-from ..model.predict import RUN_CHECK  # noqa: E402 -- the call's kind: the prediction names a hang in it
 
 
 def run_check_metadata(run: Any, blocks: dict, geo: D.Geometry, check_shape: bool) -> None:
     """check_tensor_meta: all_gather_object of every rank's dtype (and shape and stride when from_local infers
     the global shape) over the default group, not the mesh; ValueError where they differ."""
-    run.model.collective(RUN_CHECK, run.model.world_group)
+    run.model.collective(RUN_CHECK_CALL, run.model.world_group)
     if check_shape and len({(b.shape, b.strides or D.contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
-        raise ModelRaise(Err("ValueError", "Inconsistent tensor metadata"))
+        raise D.ModelRaise(D.Err("ValueError", "Inconsistent tensor metadata"))
 
 
 def _from_local_blocks(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> dict:
@@ -417,7 +428,7 @@ class Sum:
         ndim = len(dt.shape)
         dim = a["dim"] + ndim if a["dim"] < 0 else a["dim"]
         if not 0 <= dim < ndim:
-            raise ModelRaise(Err("IndexError", "Dimension out of range"))
+            raise D.ModelRaise(D.Err("IndexError", "Dimension out of range"))
         placements = [_after_sum(p, dim) for p in dt.placements]
         shape = dt.shape[:dim] + dt.shape[dim + 1:]
         state = {r: D.sum_dim(block, dim) for r, block in dt.right.items()}

@@ -17,13 +17,23 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from ..model.dtensor import tensor_values
 from ..ops.dtensor import torch_observe
 from ..ops.faults import InjectedError
 from ..ops.queries import mesh_summary
 from ..spec.plan import Plan, Step
-from ..wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value
+from ..wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value, tensor_values
 from .progress import Progress
+
+
+def forget_dtensor_caches() -> None:
+    """DTensor memoizes sharding decisions keyed by DeviceMesh equality, which ignores the process groups: the
+    next plan's equal mesh would get specs that hold this plan's mesh and its destroyed groups ("Could not
+    resolve the process group registered under the name 1"; Megatron-LM#7029 meets the same)."""
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
 
 
 class HandleError(LookupError):
@@ -62,6 +72,7 @@ class Interpreter:
         """
         import torch.distributed.distributed_c10d as c10d
 
+        forget_dtensor_caches()
         for value in list(self.handles.values()):
             for mesh in value if isinstance(value, list) else [value]:
                 if isinstance(mesh, DeviceMesh):

@@ -186,7 +186,7 @@ def _overrides(name: str, value: Any, ctx: Context) -> None:
 
 
 def _tensor_shape(name: str, value: Any, ctx: Context) -> None:
-    from ..model.dtensor import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL
+    from .placements import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL
 
     if not isinstance(value, list) or not value or len(value) > MAX_DTENSOR_DIMS or not all(
             is_int(v) and 0 <= v <= MAX_DTENSOR_NUMEL for v in value) or math.prod(value) > MAX_DTENSOR_NUMEL:
@@ -195,7 +195,7 @@ def _tensor_shape(name: str, value: Any, ctx: Context) -> None:
 
 
 def _placements(name: str, value: Any, ctx: Context) -> None:
-    from ..model.dtensor import parse_placement
+    from .placements import parse_placement
 
     if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
         raise PlanError(f"field {name!r} must be a list with one placement per mesh dim, got {str(value)[:80]}")

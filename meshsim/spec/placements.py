@@ -1,0 +1,25 @@
+"""DTensor placements as the plan language writes them: torch's own str() of Shard, Replicate and Partial."""
+
+from __future__ import annotations
+
+import re
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
+MAX_DTENSOR_DIMS = 4
+
+_PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((sum|avg|max|min)\)")
+
+
+def parse_placement(text: str) -> tuple:
+    """"S(d)" -> ("S", d), "R" -> ("R",), "P(op)" -> ("P", op)."""
+    match = _PLACEMENT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"placement {text!r} is not S(dim), R or P(sum|avg|max|min)")
+    if text == "R":
+        return ("R",)
+    return ("S", int(match.group(1))) if match.group(1) is not None else ("P", match.group(2))
+
+
+def placement_text(p: tuple) -> str:
+    return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"

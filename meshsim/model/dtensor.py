@@ -427,10 +427,10 @@ class DTensorModel:
             block = state.get(rank, empty_block())
             return local_observation(block.shape, tensor_values(block.values), offset, texts, self.shape)
 
-        return seen({}) if coordinate is None else self.observe(rank, seen)
+        return self.observe(rank, seen)
 
     def diverges_possibly(self) -> bool:
-        return any(self.geometry.scrambled(d) for d in range(len(self.geometry.shape)))
+        return self.geometry is not None and any(self.geometry.scrambled(d) for d in range(len(self.geometry.shape)))
 
 
 def geometry_of(mesh: Any) -> Geometry:

@@ -30,9 +30,12 @@ def forget_dtensor_caches() -> None:
     next plan's equal mesh would get specs that hold this plan's mesh and its destroyed groups ("Could not
     resolve the process group registered under the name 1"; Megatron-LM#7029 meets the same)."""
     from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    _clear_sharding_prop_cache()
+    # (not torch.distributed.tensor.debug's helper: importing it pulls in torch._inductor, seconds per rank)
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
     clear_redistribute_planner_cache()
 
 

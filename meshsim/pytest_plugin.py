@@ -40,18 +40,21 @@ class ClusterPool:
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.clusters: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
+        self.pinned: set[tuple[str, str]] = set()  # held for the whole session (meshsim_cluster): never closed
 
-    def get(self, topology: str = "2x4", backend: str = "gloo") -> Any:
+    def get(self, topology: str = "2x4", backend: str = "gloo", pin: bool = False) -> Any:
         from .run import Cluster
         from .spec.topology import Topology
 
         key = (topology, backend)
+        if pin:
+            self.pinned.add(key)
         if key in self.clusters:
             self.clusters.move_to_end(key)
             return self.clusters[key]
-        while len(self.clusters) >= MAX_ALIVE:
-            _, old = self.clusters.popitem(last=False)
-            old.close()
+        evictable = [k for k in self.clusters if k not in self.pinned]
+        while evictable and len(self.clusters) >= MAX_ALIVE:
+            self.clusters.pop(evictable.pop(0)).close()
         cluster = Cluster(Topology.parse(topology), backend=backend, deadline=self.deadline).start()
         self.clusters[key] = cluster
         return cluster
@@ -71,7 +74,7 @@ def meshsim_pool(request: Any) -> Any:
 @pytest.fixture(scope="session")
 def meshsim_cluster(request: Any, meshsim_pool: ClusterPool) -> Any:
     return meshsim_pool.get(request.config.getoption("--meshsim-topology"),
-                            request.config.getoption("--meshsim-backend"))
+                            request.config.getoption("--meshsim-backend"), pin=True)
 
 
 class Helper:

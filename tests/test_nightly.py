@@ -40,9 +40,10 @@ def test_torchrun_on_one_machine_runs_the_suite_on_its_ranks(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["mode"] == "torchrun" and report["topology"] == "1x4" and report["passed"]
     ran = [item for item in report["items"] if not item["skipped"]]
-    assert len(ran) == 8
-    # said, not dropped: no scenario here is for 4 ranks, and the recipe examples are user functions
-    assert {item["suite"] for item in report["items"] if item["skipped"]} == {"example", "scenario"}
+    assert len(ran) == 9  # 8 fuzz examples and the one 4-rank scenario that should pass (DTensor on every mesh)
+    assert "dtensor-on-every-kind-of-mesh" in {item["name"] for item in ran}
+    # said, not dropped: the recipe examples are user functions
+    assert {item["suite"] for item in report["items"] if item["skipped"]} == {"example"}
 
 
 def test_two_torchrun_invocations_act_as_two_nodes(tmp_path):
@@ -58,7 +59,7 @@ def test_two_torchrun_invocations_act_as_two_nodes(tmp_path):
     (written,) = [p for p in tmp_path.iterdir()]  # rank 0 writes the report, on whichever node it is
     report = json.loads(written.read_text())
     assert report["topology"] == "2x2" and report["passed"]
-    assert len([item for item in report["items"] if not item["skipped"]]) == 6
+    assert len([item for item in report["items"] if not item["skipped"]]) == 7  # 6 fuzz examples, 1 scenario
 
 
 HANG = """

@@ -107,3 +107,17 @@ def test_fuzz_runs_on_the_thread_tier_from_the_command_line(capsys, tmp_path):
     assert main(["fuzz", "--tier", "thread", "--hosts", "4", "--devices-per-host", "4", "--examples", "5",
                  "--seed", "2", "--save", str(tmp_path)]) == 0
     assert "thread tier" in capsys.readouterr().out
+
+
+def test_thread_tier_runs_dtensor_partial_max_and_min_to_shard_like_the_process_tier():
+    # torch's threaded group reduce-scatters only by sum and avg; the tier teaches it max and min
+    plan = Plan((step("init_device_mesh", shape=[4, 2], out="m"),
+                 step("from_local", mesh="m", local_shape=[5], placements=["R", "P(max)"], out="x"),
+                 step("redistribute", tensor="x", placements=["R", "S(0)"], out="y"),
+                 step("to_local", tensor="y"),
+                 step("from_local", mesh="m", local_shape=[3], placements=["P(min)", "R"], out="p"),
+                 step("redistribute", tensor="p", placements=["S(0)", "R"], out="q"),
+                 step("full_tensor", tensor="q")))
+    with open_executor(Topology(2, 4), "thread") as executor:
+        result = executor.run(plan)
+    assert result.passed, result.differences

@@ -10,6 +10,7 @@ from typing import Any
 from .. import findings as F
 from ..model import Err, Prediction, Quirk, to_json
 from ..model.expect import UNPREDICTED
+from ..spec.fields import flatten_layout
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
 from ..wire import SKIPPED, UNMOVED, digest_ints, is_digest, is_error
 
@@ -205,17 +206,7 @@ def digest_of(expected: Any) -> dict:
     while isinstance(level, list):
         shape.append(len(level))
         level = level[0] if level else None
-    flat: list[int] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, list):
-            for x in v:
-                walk(x)
-        else:
-            flat.append(v)
-
-    walk(expected)
-    digest = digest_ints(array("q", flat).tobytes(), shape)
+    digest = digest_ints(array("q", flatten_layout(expected)).tobytes(), shape)
     if len(_digests) > 256:
         _digests.clear()
     _digests[id(expected)] = (expected, digest)

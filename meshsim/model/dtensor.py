@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..spec.fields import flatten_layout
 from ..spec.placements import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL, REDUCE_OPS, parse_placement, placement_text
 from ..wire import local_observation, tensor_values
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
@@ -183,18 +184,8 @@ class Geometry:
     """Every member's coordinate and every dim group, in both orders, from a mesh's view (nested ranks)."""
 
     def __init__(self, view: list, shape: tuple[int, ...]):
-        flat: list[int] = []
-
-        def walk(v: Any) -> None:
-            if isinstance(v, list):
-                for x in v:
-                    walk(x)
-            else:
-                flat.append(v)
-
-        walk(view)
         self.shape = shape
-        self.flat = flat
+        self.flat = flat = flatten_layout(view)
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         self.coordinate = {r: tuple((i // s) % n for s, n in zip(strides, shape)) for i, r in enumerate(flat)}
         self.strides = strides
@@ -436,21 +427,6 @@ class DTensorModel:
 def geometry_of(mesh: Any) -> Geometry:
     if mesh.coordinate is None or not isinstance(mesh.view, list):
         raise ModelRaise(Err(None, ""))
-    if len(mesh.view and _flat(mesh.view)) > MAX_DTENSOR_RANKS:
+    if len(flatten_layout(mesh.view)) > MAX_DTENSOR_RANKS:
         raise ValueError(f"meshsim's DTensor model simulates meshes of up to {MAX_DTENSOR_RANKS} ranks")
     return Geometry(mesh.view, tuple(mesh.shape))
-
-
-def _flat(view: Any) -> list:
-    return [x for v in view for x in _flat(v)] if isinstance(view, list) else [view]
-
-
-def simulate_both(geo: Geometry, mesh: Any, sim: Callable[[Order], dict[int, Block]]) -> tuple[dict, dict | None]:
-    """The right result, and torch's: simulated in group-rank order where that differs, unless the mesh's root
-    has flattened meshes (torch may then merge collectives into a flattened group's order, not simulated)."""
-    right = sim(coordinate_order)
-    if not any(geo.scrambled(d) for d in range(len(geo.shape))):
-        return right, right
-    if mesh.root_mesh.flatten_mapping:
-        return right, None
-    return right, sim(group_rank_order)

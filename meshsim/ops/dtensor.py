@@ -108,6 +108,16 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.D
                    lambda state, order: D.redistribute(dt.geometry, dt.shape, state, dt.placements, target, order))
 
 
+def plain_tensor_seen_by(rank: int) -> Any:
+    """What `rank` observes of a plain tensor it holds (to_local, full_tensor): shape, values, contiguity."""
+
+    def seen(state: dict) -> Any:
+        block = state.get(rank, D.empty_block())
+        return {"shape": list(block.shape), "values": tensor_values(block.values), "contiguous": D.contiguity(block)}
+
+    return seen
+
+
 def check_redistribute_target(dt: D.DTensorModel, target: list[tuple]) -> None:
     """DTensor.redistribute refuses a new Partial first, then a placement list that does not fit."""
     for current, wanted in zip(dt.placements, target):
@@ -134,6 +144,10 @@ def torch_observe(ex: Any, dt: Any) -> dict:
     local = dt.to_local()
     _, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
     return local_observation(local.shape, ex.values_of(local), offset, [str(p) for p in dt.placements], dt.shape)
+
+
+def torch_plain_tensor(ex: Any, tensor: Any) -> dict:
+    return {"shape": list(tensor.shape), "values": ex.values_of(tensor), "contiguous": tensor.is_contiguous()}
 
 
 def torch_placements(texts: list[str], ndim: int) -> list[Any]:
@@ -269,18 +283,10 @@ class FullTensor:
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         whole = model_redistribute(run, dt, [("R",)] * len(dt.placements))
-        rank = run.model.rank
-
-        def seen(state: dict) -> Any:
-            block = state[rank]
-            return {"shape": list(block.shape), "values": tensor_values(block.values),
-                    "contiguous": D.contiguity(block)}
-
-        return whole.observe(rank, seen)
+        return whole.observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
 
     def torch(ex: Any, a: dict) -> Any:
-        full = torch_dtensor(ex, a["tensor"]).full_tensor()
-        return {"shape": list(full.shape), "values": ex.values_of(full), "contiguous": full.is_contiguous()}
+        return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).full_tensor())
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -293,19 +299,10 @@ class ToLocal:
     """DTensor.to_local(): the rank's block, its shape, values and whether it is contiguous"""
 
     def model(run: Any, a: dict) -> Any:
-        dt = _dtensor(run, a["tensor"])
-        rank = run.model.rank
-
-        def seen(state: dict) -> Any:
-            block = state.get(rank, D.empty_block())
-            return {"shape": list(block.shape), "values": tensor_values(block.values),
-                    "contiguous": D.contiguity(block)}
-
-        return dt.observe(rank, seen)
+        return _dtensor(run, a["tensor"]).observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
 
     def torch(ex: Any, a: dict) -> Any:
-        local = torch_dtensor(ex, a["tensor"]).to_local()
-        return {"shape": list(local.shape), "values": ex.values_of(local), "contiguous": local.is_contiguous()}
+        return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).to_local())
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..spec.fields import flatten_layout
-from ..spec.placements import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL, REDUCE_OPS, parse_placement, placement_text
+from ..spec.placements import (MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL, REDUCE_OPS, contiguous_strides, parse_placement,
+                               placement_text)
 from ..wire import local_observation, tensor_values
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
-__all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "parse_placement", "placement_text"]
+__all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
+           "placement_text"]
 
 MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
 FINDING = "dtensor-chunk-by-group-rank"
@@ -65,10 +67,6 @@ def arange_block(shape: tuple[int, ...], base: float = 0.0) -> Block:
 
 def empty_block() -> Block:
     return Block((0,), ())
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
 def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -403,8 +401,8 @@ class DTensorModel:
 
     def observe(self, rank: int, run: Callable[[dict[int, Block]], Any]) -> Any:
         right = run(self.right)
-        if self.torch is None:
-            return right if not self.diverges_possibly() else Quirk(right, UNPREDICTED, FINDING)
+        if self.torch is None:  # torch's side is not simulated (see meshsim.ops.dtensor._derive)
+            return Quirk(right, UNPREDICTED, FINDING)
         torch = run(self.torch)
         return right if right == torch else Quirk(right, torch, FINDING)
 
@@ -419,9 +417,6 @@ class DTensorModel:
             return local_observation(block.shape, tensor_values(block.values), offset, texts, self.shape)
 
         return self.observe(rank, seen)
-
-    def diverges_possibly(self) -> bool:
-        return self.geometry is not None and any(self.geometry.scrambled(d) for d in range(len(self.geometry.shape)))
 
 
 def geometry_of(mesh: Any) -> Geometry:

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ..spec import fields as F
-from ..spec.placements import REDUCE_OPS, parse_placement, placement_text
+from ..spec.placements import REDUCE_OPS, contiguous_strides, parse_placement, placement_text
 from ..spec.plan import step
 from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
 from . import operation, rarely
@@ -219,6 +219,17 @@ def redistribute_targets(draw: Any, dt: D.DTensorModel, allow_errors: bool) -> l
     return target
 
 
+def reading(op: str) -> Any:
+    """The draw of a step that only reads a held DTensor (full_tensor, to_local)."""
+
+    @st.composite
+    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
+        held = dtensors(b)
+        return step(op, tensor=draw(st.sampled_from(held))[0]) if held else None
+
+    return draw
+
+
 def usable(mesh: Any) -> bool:
     return mesh.backend_ready and mesh.creation_quirk is None and isinstance(mesh.view, list) and mesh.ndim >= 1
 
@@ -288,10 +299,7 @@ class FullTensor:
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).full_tensor())
 
-    @st.composite
-    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
-        held = dtensors(b)
-        return step("full_tensor", tensor=draw(st.sampled_from(held))[0]) if held else None
+    draw = reading("full_tensor")
 
 
 @operation("to_local", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
@@ -304,10 +312,7 @@ class ToLocal:
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).to_local())
 
-    @st.composite
-    def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
-        held = dtensors(b)
-        return step("to_local", tensor=draw(st.sampled_from(held))[0]) if held else None
+    draw = reading("to_local")
 
 
 @operation("from_local", "dtensor",
@@ -326,30 +331,26 @@ class FromLocal:
     def model(run: Any, a: dict) -> Any:
         mesh = run.mesh(a["mesh"])
         source = _dtensor(run, a["tensor"]) if "tensor" in a else None
-        rank = run.model.rank
         geo = _geometry(mesh)
-        blocks = _from_local_blocks(run, source, a, geo)
-        ndim = len(blocks[rank].shape) if rank in blocks else len(source.shape if source else a["local_shape"])
-        placements = placements_of(a, ndim)
-        D.check_placements(placements, mesh.ndim, ndim)
-        mine = blocks.get(rank, D.empty_block())
+        given = _from_local_inputs(run, source, a, geo)
+        mine = given.right[run.model.rank]
+        placements = placements_of(a, len(mine.shape))
+        D.check_placements(placements, mesh.ndim, len(mine.shape))
         shape = tuple(a["shape"]) if "shape" in a else global_shape(mine.shape, placements, mesh.shape)
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
         if a.get("run_check"):
-            run_check_metadata(run, blocks, geo, check_shape="shape" not in a)
+            run_check_metadata(run, given.right, check_shape="shape" not in a)
         checked = [d for d, p in enumerate(placements) if p[0] == "R"] if a.get("run_check") else []
         _calls(run, mesh, checked, "from_local check")
 
-        def sim(_: Any, order: Any) -> dict:
+        def sim(blocks: dict, order: Any) -> dict:
             out = {r: D.made_contiguous(b) for r, b in blocks.items()} if checked else dict(blocks)
             for d in checked:
                 out = {r: out[order(geo, r, d)[0]] for r in geo.flat}
             return out
 
-        prev = None if source is None else source
-        return _derive(prev if source is not None and source.mesh is mesh else None, mesh, geo, shape, placements,
-                       sim)
+        return _derive(given, mesh, geo, shape, placements, sim)
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.tensor import DTensor
@@ -363,7 +364,7 @@ class FromLocal:
         if "shape" in a:
             import torch
 
-            kwargs = {"shape": torch.Size(a["shape"]), "stride": _contiguous_stride(a["shape"])}
+            kwargs = {"shape": torch.Size(a["shape"]), "stride": contiguous_strides(a["shape"])}
         return DTensor.from_local(local, mesh, torch_placements(a["placements"], local.ndim),
                                   run_check=a.get("run_check", False), **kwargs)
 
@@ -389,29 +390,27 @@ class FromLocal:
 
 
 
-def run_check_metadata(run: Any, blocks: dict, geo: D.Geometry, check_shape: bool) -> None:
+def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
     """check_tensor_meta: all_gather_object of every rank's dtype (and shape and stride when from_local infers
     the global shape) over the default group, not the mesh; ValueError where they differ."""
     run.model.collective(RUN_CHECK_CALL, run.model.world_group)
-    if check_shape and len({(b.shape, b.strides or D.contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
+    if check_shape and len({(b.shape, b.strides or contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
         raise D.ModelRaise(D.Err("ValueError", "Inconsistent tensor metadata"))
 
 
-def _from_local_blocks(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> dict:
-    """Every member's block as from_local receives it (torch's own blocks where the model simulates them)."""
-    if geo is None:
-        if source is None:
-            return {run.model.rank: D.arange_block(tuple(a["local_shape"]), rank_weight(run.model.rank))}
-        state = source.torch if source.torch is not None else source.right
-        return {run.model.rank: state[run.model.rank]} if run.model.rank in state else {}
+def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> D.DTensorModel:
+    """The blocks from_local receives on every member (this rank alone outside the mesh), as they should be and
+    as torch holds them: a fresh block per rank, or `source`'s local blocks."""
+    ranks = geo.flat if geo is not None else [run.model.rank]
     if source is None:
-        return {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in geo.flat}
-    state = source.right
-    return {r: state.get(r, D.empty_block()) for r in geo.flat}
+        right = torch = {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in ranks}
+    else:
+        def take(state: dict) -> dict:
+            return {r: state.get(r, D.empty_block()) for r in ranks}
 
-
-def _contiguous_stride(shape: list[int]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        right = take(source.right)
+        torch = right if source.torch is source.right else None if source.torch is None else take(source.torch)
+    return D.DTensorModel(run.mesh(a["mesh"]), geo, (), [], right, torch)
 
 
 @operation("sum", "dtensor", {"tensor": F.DTENSOR, "dim": F.TENSOR_DIM}, required=("tensor", "dim"),

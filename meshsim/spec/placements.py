@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -23,3 +24,8 @@ def parse_placement(text: str) -> tuple:
 
 def placement_text(p: tuple) -> str:
     return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"
+
+
+def contiguous_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A row-major tensor's strides."""
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))

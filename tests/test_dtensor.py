@@ -215,3 +215,14 @@ def test_dtensor_plans_agree_with_the_model_on_the_shared_cluster(meshsim_cluste
         return b.plan()
 
     check_property(meshsim_cluster, dtensor_plans(), max_examples=25)
+
+
+def test_from_local_of_a_permuted_meshs_dtensor_carries_torchs_blocks_to_the_new_mesh():
+    plan = Plan((step("mesh", layout=[1, 0], out="m"),
+                 step("distribute", mesh="m", shape=[3], placements=["S(0)"], out="t"),
+                 step("mesh", layout=[0, 1], out="n"),
+                 step("from_local", mesh="n", tensor="t", placements=["R"], out="v"),
+                 step("to_local", tensor="v")))
+    seen = predict(plan, 2).ranks[0].observations[4]
+    # rank 0 sits at coordinate 1 of [1, 0]: it should hold [2]; torch scattered it chunk 0 and cut it to [0]
+    assert isinstance(seen, Quirk) and seen.right["values"] == [2] and seen.torch["values"] == [0]

@@ -178,6 +178,14 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     os._exit(0)
 
 
+# What a script left behind (its globals, or the exception whose traceback holds them) lives until the rank's
+# os._exit, as it would until a real process ends. Freeing it when the script returns destroyed a DDP model's
+# Reducer, and with it a gloo group, while holding the GIL; the group's destructor joins gloo's worker thread,
+# which may still need the GIL to drop its last work: a deadlock (torch's bug class pytorch#56297), seen here
+# in about one launch in twelve under load.
+_SCRIPT_REMAINS: list = []
+
+
 def run_script(message: RunScript) -> ScriptDone:
     """The script as __main__, with its directory first on sys.path and its arguments in sys.argv, as python does."""
     import runpy
@@ -188,15 +196,17 @@ def run_script(message: RunScript) -> ScriptDone:
     sys.argv = [message.target] + list(message.argv)
     try:
         if message.is_module:
-            runpy.run_module(message.target, run_name="__main__", alter_sys=True)
+            _SCRIPT_REMAINS.append(runpy.run_module(message.target, run_name="__main__", alter_sys=True))
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(message.target)))
-            runpy.run_path(message.target, run_name="__main__")
+            _SCRIPT_REMAINS.append(runpy.run_path(message.target, run_name="__main__"))
     except SystemExit as exc:
+        _SCRIPT_REMAINS.append(exc)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 -- the script's failure is the result
+        _SCRIPT_REMAINS.append(exc)
         code, text = 1, "".join(traceback.format_exception(exc))
         sys.stderr.write(text)
     sys.stdout.flush()

@@ -119,3 +119,13 @@ def test_what_a_launched_script_leaves_behind_lives_until_its_rank_exits(tmp_pat
     rank._SCRIPT_REMAINS.clear()
     gc.collect()
     assert alive() is None  # kept by meshsim alone, not leaked by something else
+
+
+def test_a_stack_with_only_meshsims_frames_says_so_instead_of_showing_nothing():
+    from meshsim.judge.diagnose import _group_stacks
+
+    dump = ('Current thread 0x00007f (most recent call first):\n'
+            '  File "/x/meshsim/run/rank.py", line 200 in run_script\n'
+            '  File "/x/meshsim/run/rank.py", line 171 in run\n')
+    ((ranks, text),) = _group_stacks({3: dump})
+    assert ranks == [3] and "no frame of the user's code" in text

@@ -314,6 +314,8 @@ def _normalise_stack(text: str) -> str:
                                              "torch/overrides.py")):
                 continue  # the instrumentation wrapper
             lines.append(line.rstrip())
+        if len(lines) == 1 and lines[0].rstrip().endswith("(most recent call first):"):
+            lines.append("  (no frame of the user's code: the rank is in meshsim's own loop, or in C++ it called)")
         kept.append("\n".join(lines))
     text = "\n\n".join(k for k in kept if k.strip())
     return re.sub(r"0x[0-9a-f]+", "0x…", text)

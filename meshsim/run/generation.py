@@ -14,13 +14,15 @@ from ..wire import JoinFailed, Ready, Stop
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 from .reaper import ignore_interrupts_while, kill_group
 
-# Imported once in the forkserver so that every worker starts warm. DeviceMesh slicing imports the fx
-# proxy-tensor machinery lazily (~0.6 s per rank on first use), and the first DTensor op imports DTensor and,
-# through torch._disable_dynamo, all of dynamo (~300 modules, ~2 s of CPU per rank): 8 fresh ranks on 2 cores
-# then spent over 4 s in their first DTensor step, which a 5 s deadline called a hang. Pay that once, here.
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
-           "torch._subclasses.fake_tensor", "torch.distributed.tensor", "torch._dynamo", "dill", "meshsim.run.rank", "meshsim.run.interpreter", "meshsim.ops",
-           "meshsim.run.warm"]
+# What a rank imports before any deadline starts: the forkserver imports it once for every worker it forks,
+# and a rank torchrun started imports it before joining. DeviceMesh slicing imports the fx proxy-tensor
+# machinery lazily (~0.6 s per rank on first use), and the first DTensor op imports DTensor and, through
+# torch._disable_dynamo, all of dynamo (~300 modules, ~2 s of CPU per rank): 8 fresh ranks on 2 cores then
+# spent over 4 s in their first DTensor step, which a 5 s deadline called a hang.
+WARM_MODULES = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
+                "torch._subclasses.fake_tensor", "torch.distributed.tensor", "torch._dynamo", "dill",
+                "meshsim.run.rank", "meshsim.run.interpreter", "meshsim.ops"]
+PRELOAD = WARM_MODULES + ["meshsim.run.warm"]  # the forkserver then freezes what it loaded
 
 
 class ClusterError(RuntimeError):

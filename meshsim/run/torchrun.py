@@ -13,6 +13,7 @@ without waiting for torch's 30-minute timeout.
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import json
 import os
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any, Callable
 from .. import deadlines
 from ..model.mesh import CPU, Platform
 from ..wire import STUCK, CallBegun, RunPlan
+from .generation import WARM_MODULES
 from .process import resolve_backend
 from .record import RankState, RunRecord
 from .rank import RankSession
@@ -166,6 +168,8 @@ class TorchrunExecutor:
         self.platform = Platform("cuda", True) if self.backend == "nccl" else CPU  # for the model
         self.on_hang = on_hang
         self.progress: StoreProgress | None = None
+        for module in WARM_MODULES:  # before any deadline, as the local cluster's forkserver does
+            importlib.import_module(module)
         self.session = RankSession.join(self.backend, self.rank, self.world, lambda e: self.progress.send(e))
         self.store = self.session.store = _prefixed(self.session.store)
         self.progress = StoreProgress(self.store, self.rank)

@@ -84,7 +84,7 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     """
     report = FuzzReport(cluster.topology)
     world = cluster.world
-    strategy = plans(world, max_steps=max_steps)
+    strategy = plans(world, max_steps=max_steps, device=platform_of(cluster).device)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(world))
     started = time.monotonic()

@@ -211,7 +211,7 @@ def render(report: NightlyReport, console: Any) -> None:
 
 # --------------------------------------------------------------------------------------------- under torchrun
 
-def draw_plans(world: int, count: int, seed: int) -> list:
+def draw_plans(world: int, count: int, seed: int, device: str = "cpu") -> list:
     """The plans a seeded fuzz budget draws (generation only: shrinking needs `meshsim fuzz` locally)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -225,7 +225,7 @@ def draw_plans(world: int, count: int, seed: int) -> list:
     @hypothesis_seed(seed)
     @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(plans(world))
+    @given(plans(world, device=device))
     def collect(plan: Any) -> None:
         drawn.append(plan)
 
@@ -259,7 +259,8 @@ def run_torchrun(args: Any) -> int:
     executor = TorchrunExecutor(args.backend, on_hang)
     report = NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
     raw = executor.share("suite", lambda: json.dumps([(s, n, p.to_dict(), d)
-                                                      for s, n, p, d in _suite(args, executor.world)]))
+                                                      for s, n, p, d in _suite(args, executor.world,
+                                                                              executor.platform.device)]))
     cases.extend((s, n, Plan.from_dict(p), d) for s, n, p, d in json.loads(raw))
     for suite, name, plan, deadline in cases:
         result = check(executor, plan, deadline)
@@ -279,11 +280,11 @@ def run_torchrun(args: Any) -> int:
     return executor.close(code)
 
 
-def _suite(args: Any, world: int) -> list[tuple[str, str, Any, float]]:
+def _suite(args: Any, world: int, device: str) -> list[tuple[str, str, Any, float]]:
     cases = []
     for sc in suite_scenarios(args.scenarios, world)[0]:
         cases.append(("scenario", sc.name, sc.plan, sc.deadline))
-    for index, plan in enumerate(draw_plans(world, args.examples, args.seed)):
+    for index, plan in enumerate(draw_plans(world, args.examples, args.seed, device)):
         cases.append(("fuzz", f"fuzz seed {args.seed} #{index}", plan, args.deadline))
     return cases
 

@@ -34,10 +34,12 @@ def topologies(max_world: int = 16, max_hosts: int = 4, max_devices: int = 8) ->
 
 
 class _Builder:
-    """A plan being drawn, with the model following rank 0 to know what each handle holds."""
+    """A plan being drawn, with the model following rank 0 to know what each handle holds. `device`: the device
+    type the cluster's backend serves, the one an explicit `device=` names (cpu on gloo, cuda on NCCL)."""
 
-    def __init__(self, world: int):
+    def __init__(self, world: int, device: str = "cpu"):
         self.world = world
+        self.device = device
         self.run = RankRun(Plan(()), 0, world)
         self.steps: list[Step] = []
         self.counter = 0
@@ -88,13 +90,13 @@ WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_gro
 
 @st.composite
 def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
-          check_every_mesh: bool = False, root_numel: int | None = None) -> Plan:
+          check_every_mesh: bool = False, root_numel: int | None = None, device: str = "cpu") -> Plan:
     """SPMD plans: a root mesh, then more roots, derived meshes, deep compositions, queries, collectives and
     checks that use earlier results.
 
     Each plan enables a random subset of the operations (swarm testing), so rare combinations get room.
     """
-    b = _Builder(world)
+    b = _Builder(world, device)
     b.add(draw(root_steps(world, allow_errors, numel=root_numel, builder=b)))
     names = sorted(WEIGHTS)
     enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)

@@ -41,9 +41,10 @@ def check_property(cluster: Any, strategy: Any = None, max_examples: int = 50, d
     """
     from hypothesis import HealthCheck, given, settings
 
+    from .check import platform_of
     from .strategies import plans
 
-    strategy = strategy if strategy is not None else plans(cluster.world)
+    strategy = strategy if strategy is not None else plans(cluster.world, device=platform_of(cluster).device)
 
     @settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow],
               **settings_kwargs)

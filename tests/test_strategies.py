@@ -54,6 +54,12 @@ def test_generated_plans_are_valid_spmd_plans_that_check_what_they_build(plan):
     assert any(s.op == "check" for s in plan.steps) or root_failed
 
 
+@given(plans(4, device="cuda"))
+def test_plans_for_an_nccl_cluster_name_only_the_device_its_backend_serves(plan):
+    # An NCCL-only default group has no backend for cpu tensors: a cpu mesh there fails its first collective.
+    assert all(s.args.get("device") in (None, "cuda", "cuda:0") for s in plan.steps)
+
+
 @given(divergent_plans(8))
 def test_divergent_plans_make_ranks_disagree(plan):
     validate(plan, 8)

@@ -121,7 +121,7 @@ class InitDeviceMesh:
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
         if allow_errors and names and rarely(draw, 15):
             names = draw(st.sampled_from([names + [names[0]], names[:-1] or ["x", "y"], [names[0]] * len(names)]))
-        device = draw(st.sampled_from([None, None, None, "cpu", "cpu:0"] if allow_errors else [None, "cpu"]))
+        device = draw(st.sampled_from([None, None, None, b.device, f"{b.device}:0"] if allow_errors else [None, b.device]))
         return step("init_device_mesh", shape=shape, names=names, device=device, out=b.fresh("m"),
                     backend_override=draw(draw_overrides(len(shape), names, allow_errors)),
                     expect_error=math.prod(shape) > b.world or None)
@@ -157,7 +157,7 @@ class ExplicitMesh:
         if rarely(draw, 10):  # a mesh that never builds groups, seen as another rank
             return step("mesh", layout=layout, names=names, init_backend=False,
                         as_rank=draw(st.integers(0, b.world - 1)), out=b.fresh("m"))
-        device = draw(st.sampled_from([None, None, "cpu", "cpu:0"]))
+        device = draw(st.sampled_from([None, None, b.device, f"{b.device}:0"]))
         return step("mesh", layout=layout, names=names, device=device, out=b.fresh("m"))
 
 

@@ -14,6 +14,7 @@ from meshsim.model.predict import predict
 from meshsim.spec.fields import PlanError
 from meshsim.spec.plan import validate
 from meshsim.strategies import DTENSOR_COMPOSITIONS, _Builder, plans
+from meshsim.testing import assert_agrees
 
 # ------------------------------------------------------------------------------------------ the model, pure
 
@@ -95,6 +96,26 @@ def test_group_rank_order_loses_data_on_an_uneven_shard_of_a_reversed_mesh():
         state = D.distribute(geo, D.arange_block((3,)), placements, order)
         full = D.redistribute(geo, (3,), state, placements, [("R",)], order)
         assert full[0].values == want
+
+
+def test_nested_shardings_are_unwound_first_only_when_the_source_is_split_in_more_than_one_piece():
+    src, dst = [("S", 0), ("P", "sum")], [("R",), ("S", 0)]
+    # torch's planner checks src_spec.num_shards > 1: a Shard on a mesh dim of size 1 does not split anything
+    assert D.greedy_transforms(src, dst, (1, 4)) == [(0, ("S", 0), ("R",)), (1, ("P", "sum"), ("S", 0))]
+    assert D.greedy_transforms(src, dst, (2, 2)) == [(1, ("P", "sum"), ("R",)), (0, ("S", 0), ("R",)),
+                                                     (1, ("R",), ("S", 0))]
+
+
+PARTIAL_TO_SHARD_ON_A_PERMUTED_DIM = Plan((
+    step("mesh", layout=[[0, 2, 1, 3]], out="m"),
+    step("distribute", mesh="m", shape=[2], placements=["S(0)", "P(sum)"], out="t"),
+    step("redistribute", tensor="t", placements=["R", "S(0)"], out="u"),
+    step("full_tensor", tensor="u")))  # a README property run drew this: torch reduce-scatters at once
+
+
+def test_partial_to_shard_beside_a_size_one_shard_is_one_reduce_scatter_in_group_rank_order():
+    quirk = predict(PARTIAL_TO_SHARD_ON_A_PERMUTED_DIM, 4).ranks[2].observations[2]
+    assert isinstance(quirk, Quirk) and quirk.right["values"] == [1] and quirk.torch["values"] == [0]
 
 
 def test_the_model_predicts_a_quirk_only_on_a_mesh_with_an_unsorted_group():
@@ -201,6 +222,10 @@ def test_a_seeded_wrong_chunk_order_in_torch_is_caught_as_a_disagreement(meshsim
     result = meshsim_cluster.run(plan)
     assert not result.passed
     assert any(d.op == "distribute" for d in result.differences)
+
+
+def test_partial_to_shard_beside_a_size_one_shard_agrees_on_real_ranks(meshsim_cluster):
+    assert_agrees(meshsim_cluster, PARTIAL_TO_SHARD_ON_A_PERMUTED_DIM)
 
 
 def test_dtensor_plans_agree_with_the_model_on_the_shared_cluster(meshsim_cluster):

@@ -288,12 +288,15 @@ def distribute(geo: Geometry, tensor: Block, placements: list[tuple], order: Ord
     return locals_
 
 
-def greedy_transforms(src: list[tuple], dst: list[tuple]) -> list[tuple[int, tuple, tuple]]:
-    """generate_greedy_transform_infos: (mesh dim, current, target) steps, nested shardings unwound first."""
+def greedy_transforms(src: list[tuple], dst: list[tuple],
+                      mesh_shape: tuple[int, ...]) -> list[tuple[int, tuple, tuple]]:
+    """generate_greedy_transform_infos: (mesh dim, current, target) steps, nested shardings unwound first, but only
+    when the source is split in more than one piece (torch's `src_spec.num_shards > 1`: a Shard on mesh dims of
+    size 1 alone does not count, and then Partial -> Shard goes straight to a reduce_scatter)."""
     current, out = list(src), []
     if len(src) == 1:
         return [(0, src[0], dst[0])] if src[0] != dst[0] else []
-    if sum(1 for p in src if p[0] == "S") > 0:
+    if math.prod(n for p, n in zip(src, mesh_shape) if p[0] == "S") > 1:
         for d in reversed(range(len(current))):
             target = dst[d]
             if target[0] == "S":
@@ -314,7 +317,7 @@ def greedy_transforms(src: list[tuple], dst: list[tuple]) -> list[tuple[int, tup
 def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[tuple],
                  dst: list[tuple], order: Order) -> dict[int, Block]:
     """DTensor.redistribute's communication, every member at once."""
-    for d, current, target in greedy_transforms(src, dst):
+    for d, current, target in greedy_transforms(src, dst, geo.shape):
         k = geo.shape[d]
         if k == 1 or current == target:
             continue

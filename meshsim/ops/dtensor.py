@@ -102,7 +102,8 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
 def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.DTensorModel:
     if dt.geometry is None:
         return D.DTensorModel(dt.mesh, None, dt.shape, target, dt.right, dt.right)
-    moves = [(d, c, t) for d, c, t in D.greedy_transforms(dt.placements, target) if dt.mesh.shape[d] > 1]
+    moves = [(d, c, t) for d, c, t in D.greedy_transforms(dt.placements, target, tuple(dt.mesh.shape))
+             if dt.mesh.shape[d] > 1]
     _calls(run, dt.mesh, [d for d, _, _ in moves], "redistribute")
     return _derive(dt, dt.mesh, dt.geometry, dt.shape, target,
                    lambda state, order: D.redistribute(dt.geometry, dt.shape, state, dt.placements, target, order))

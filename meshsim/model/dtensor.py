@@ -402,6 +402,12 @@ class DTensorModel:
     right: dict[int, Block]
     torch: dict[int, Block] | None
 
+    def map_sides(self, fn: Callable[[dict[int, Block]], dict[int, Block]]) -> tuple[dict, dict | None]:
+        """fn of both sides' blocks; torch's stays the very same object as the right one where it was (so a later
+        step knows it need not simulate torch apart), and None where it was not simulated."""
+        right = fn(self.right)
+        return right, right if self.torch is self.right else None if self.torch is None else fn(self.torch)
+
     def observe(self, rank: int, run: Callable[[dict[int, Block]], Any]) -> Any:
         right = run(self.right)
         if self.torch is None:  # torch's side is not simulated (see meshsim.ops.dtensor._derive)

@@ -389,8 +389,6 @@ class FromLocal:
                     out=b.fresh("t"))
 
 
-
-
 def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
     """check_tensor_meta: all_gather_object of every rank's dtype (and shape and stride when from_local infers
     the global shape) over the default group, not the mesh; ValueError where they differ."""
@@ -406,11 +404,7 @@ def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.
     if source is None:
         right = torch = {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in ranks}
     else:
-        def take(state: dict) -> dict:
-            return {r: state.get(r, D.empty_block()) for r in ranks}
-
-        right = take(source.right)
-        torch = right if source.torch is source.right else None if source.torch is None else take(source.torch)
+        right, torch = source.map_sides(lambda state: {r: state.get(r, D.empty_block()) for r in ranks})
     return D.DTensorModel(run.mesh(a["mesh"]), geo, (), [], right, torch)
 
 
@@ -435,9 +429,7 @@ class Sum:
         if dt.geometry is None:  # outside the mesh DTensor's dispatch makes a default local: zeros(()) or []
             local = {run.model.rank: D.Block((), (0.0,)) if not shape else D.empty_block()}
             return D.DTensorModel(dt.mesh, None, shape, placements, local, local)
-        state = {r: D.sum_dim(block, dim) for r, block in dt.right.items()}
-        torch = state if dt.torch is dt.right else None if dt.torch is None else {
-            r: D.sum_dim(block, dim) for r, block in dt.torch.items()}
+        state, torch = dt.map_sides(lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()})
         return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch)
 
     def torch(ex: Any, a: dict) -> Any:

@@ -9,7 +9,7 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
 MAX_DTENSOR_DIMS = 4
 
-_PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((sum|avg|max|min)\)")
+_PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((" + "|".join(REDUCE_OPS) + r")\)")
 
 
 def parse_placement(text: str) -> tuple:

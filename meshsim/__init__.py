@@ -17,7 +17,7 @@ def __getattr__(name: str):
 
         return getattr(run, name)
     if name == "predict":
-        from .model import predict
+        from .predict import predict
 
         return predict
     if name == "check":

@@ -10,9 +10,10 @@ from typing import Any
 
 from . import deadlines
 from .judge.verdict import Result, judge
-from .model.mesh import CPU, Platform
-from .model.predict import Prediction, no_gc, predict, unpredictable
-from .spec.plan import Plan, PlanError, validate
+from .spec.platform import CPU, Platform
+from .predict import Prediction, no_gc, predict, unpredictable
+from .ops import validate
+from .spec.plan import Plan, PlanError
 from .wire import RunPlan
 
 

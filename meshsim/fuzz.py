@@ -150,7 +150,8 @@ def shrink_world(plan: Any, topology: Topology, deadline: float, strict: bool) -
     """A failure found on a large tier, tried on the smallest world that holds its plan (same devices per host),
     on the process tier when it fits there, else the thread tier. Returns (topology, result, words) when the
     failure still shows there, else None (the large world is then needed)."""
-    from .spec.plan import PlanError, validate
+    from .ops import validate
+    from .spec.plan import PlanError
     from .tiers import open_executor
 
     d = topology.devices_per_host

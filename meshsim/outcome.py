@@ -6,7 +6,7 @@ facts, never about the rule.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from .wire import DIED, RAISED
 
@@ -37,23 +37,3 @@ def blame(dead: Iterable[int] = (), raised: Iterable[int] = (), late: Iterable[i
         if found:
             return found
     return []
-
-
-def divergent_ranks(plan: Any, world: int) -> set[int]:
-    """The ranks at fault when a plan's divergence hangs a run.
-
-    Group creation needs every rank, so those that skip it are at fault; for anything else, the minority that
-    does something the others do not.
-    """
-    culprits: set[int] = set()
-    for st in plan.steps:
-        if not st.diverges:
-            continue
-        runs = {r for r in range(world) if st.runs_on(r)}
-        skipped = set(range(world)) - runs
-        odd = set(st.on_rank) & runs
-        if st.operation.creates_groups or len(runs) * 2 > world:
-            culprits |= odd | skipped
-        else:
-            culprits |= odd | runs
-    return culprits

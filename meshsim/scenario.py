@@ -12,7 +12,8 @@ import tomllib
 from . import deadlines
 from .judge.diagnose import KINDS
 from .outcome import OUTCOMES, PASS
-from .spec.plan import Plan, PlanError, validate
+from .ops import validate
+from .spec.plan import Plan, PlanError
 from .spec.topology import Topology, TopologyError
 
 DEFAULT_DEADLINE = deadlines.SCENARIO_S

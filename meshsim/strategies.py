@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from .model import dtensor as D
 from .model.mesh import MeshModel
-from .model.predict import RankRun, observe_step
+from .predict import RankRun, observe_step
 from .ops import OPERATIONS, of_role, rarely
 from .ops.dtensor import redistribute_targets, usable
 from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
@@ -79,13 +79,11 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
     return draw(root.draw(b, None, None, allow_errors, numel=numel))
 
 
-# Derived meshes, queries, collectives and compositions, each weighted by how much of DeviceMesh it reaches.
-# "root" adds another independent mesh; "composition" a deep chain of steps (see COMPOSITIONS).
-WEIGHTS = {"slice": 3, "flatten": 2, "unflatten": 2, "concatenate": 2, "from_group": 2, "all_submeshes": 1,
-           "query": 4, "get_rank": 1, "check": 2, "all_reduce": 1, "all_gather": 1, "broadcast": 1, "barrier": 1,
-           "scatter": 1, "reduce_scatter": 1, "new_group": 1, "compare": 1, "root_mesh": 1, "group_count": 1,
-           "root": 1, "composition": 5, "distribute": 2, "redistribute": 2, "full_tensor": 1, "to_local": 1,
-           "from_local": 1, "sum": 1, "dtensor": 5}
+# What plans() draws: every operation by its own weight (meshsim.ops), and three moves of its own: "root" adds
+# another independent mesh, "composition" and "dtensor" a deep chain of steps (COMPOSITIONS,
+# DTENSOR_COMPOSITIONS) that a random walk rarely completes.
+WEIGHTS = {**{op.name: op.weight for op in OPERATIONS.values() if op.weight}, "root": 1, "composition": 5,
+           "dtensor": 5}
 
 
 @st.composite

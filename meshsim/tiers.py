@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from . import deadlines
 from .model.expect import Err, Quirk
-from .model.mesh import CPU
+from .spec.platform import CPU
 from .outcome import UNDEFINED
 from .run.record import RankState, RunRecord
 from .spec.topology import Topology

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshsim.model import Err, Quirk, predict, torch_side
-from meshsim.model.predict import predict_rank
+from meshsim.model import Err, Quirk, torch_side
+from meshsim.predict import predict
+from meshsim.predict import predict_rank
 from meshsim.spec.plan import Plan, step
 from meshsim.strategies import plans
 

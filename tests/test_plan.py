@@ -3,7 +3,8 @@
 import pytest
 from hypothesis import given, settings
 
-from meshsim.spec.plan import Plan, PlanError, step, validate
+from meshsim.ops import validate
+from meshsim.spec.plan import Plan, PlanError, step
 from meshsim.strategies import plans
 
 

@@ -8,7 +8,7 @@ from helpers import alive
 from meshsim import Topology, step
 from meshsim.cli import main
 from meshsim.check import check
-from meshsim.model import predict
+from meshsim.predict import predict
 from meshsim.run.fake import sample_ranks
 from meshsim.spec.plan import Plan
 from meshsim.tiers import TierError, open_executor

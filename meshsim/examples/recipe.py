@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..model import predict, torch_side
+from ..model import torch_side
+from ..predict import predict
 from ..deadlines import EXAMPLE_S
 from ..outcome import PASS
 from ..spec.plan import Plan, step

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import torch_side
-from ..outcome import blame, divergent_ranks
+from ..outcome import blame
+from ..predict import divergent_ranks
 from ..wire import DIED, RAISED, STUCK
 
 KINDS = {

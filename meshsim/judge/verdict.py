@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import findings as F
-from ..model import Err, Prediction, Quirk, to_json
+from ..model import Err, Quirk, to_json
+from ..predict import Prediction
 from ..model.expect import UNPREDICTED
 from ..spec.fields import flatten_layout
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of

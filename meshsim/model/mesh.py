@@ -12,21 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import layout as L
+from ..spec.platform import CPU, Platform
 from .expect import Err, ModelRaise, Quirk, quirk
 
 WORLD_KEY = ("world",)
-
-
-@dataclass(frozen=True)
-class Platform:
-    """What the ranks' machine decides: the default device type of a mesh (the backend's), and whether a rank
-    can set a CUDA device (DeviceMesh does so when a "cuda" mesh builds its groups)."""
-
-    device: str = "cpu"
-    cuda: bool = False
-
-
-CPU = Platform()
 
 
 @dataclass(frozen=True)
@@ -381,8 +370,6 @@ class RankModel:
 
     def _unflatten_right(self, mesh: MeshModel, index: int, parts: L.Layout, names: list[str]) -> Any:
         """What _unflatten(-1, ...) should give: the last dim replaced (observed as a mesh summary)."""
-        from .predict import summary
-
         end = mesh.ndim + index
         axes = mesh.layout[:end] + tuple(parts) + mesh.layout[end + 1:]
         all_names = mesh.names[:end] + tuple(names) + mesh.names[end + 1:]  # type: ignore[index]
@@ -492,7 +479,7 @@ class RankModel:
         if self._foreign_flattened(mesh, dim):
             return Quirk(Err("KeyError", "does not exist"), list(group.ranks), "get-group-foreign-flattened-name")
         right_group = self._own_group(mesh, dim, group)
-        self._note_order(right_group)
+        self.note_order(right_group)
         return quirk(list(right_group.order), list(group.ranks),
                      "get-group-name-shadowed-by-flatten" if right_group is not group else "group-rank-order")
 
@@ -514,7 +501,7 @@ class RankModel:
             return Quirk(Err("KeyError", "does not exist"), group.group_rank(self.rank),
                          "get-group-foreign-flattened-name")
         right_group = self._own_group(mesh, dim, group)
-        self._note_order(right_group)
+        self.note_order(right_group)
         right = right_group.order.index(self.rank) if self.rank in right_group.order else -1
         finding = "get-group-name-shadowed-by-flatten" if right_group is not group else "group-rank-order"
         return quirk(right, group.group_rank(self.rank), finding)
@@ -528,7 +515,7 @@ class RankModel:
                 return own
         return torch_group
 
-    def _note_order(self, group: Group) -> None:
+    def note_order(self, group: Group) -> None:
         if group.order != group.ranks:
             self.findings.add("group-rank-order")
 
@@ -544,41 +531,20 @@ class RankModel:
             raise ModelRaise(mesh.view)
         return mesh.view
 
-    # ------------------------------------------------------------------ collectives on a group
 
-    def all_reduce(self, group: Group, numel: int) -> Any:
-        self.collective("all_reduce", group, (numel,))
-        return [r for r in group.ranks if r < numel]
-
-    def all_gather(self, group: Group) -> Any:
-        self.collective("all_gather", group)
-        self._note_order(group)
-        return quirk(list(group.order), list(group.ranks), "group-rank-order")
-
-    def broadcast(self, group: Group, src: int) -> Any:
-        if not 0 <= src < len(group.ranks):
-            # dist.broadcast lets an out-of-range group_src through to the backend, which refuses it.
-            raise ModelRaise(Err("RuntimeError", "invalid root rank"))
-        self.collective("broadcast", group, (src,))
-        self._note_order(group)
-        return quirk(group.order[src], group.ranks[src], "group-rank-order")
-
-    def scatter(self, group: Group, src: int, numel: int) -> Any:
-        """Group rank `src` sends chunk i to group rank i; chunk i holds src's rank and i (see Interpreter)."""
-        if not 0 <= src < len(group.ranks):
-            raise ModelRaise(Err("RuntimeError", "invalid root rank"))
-        self.collective("scatter", group, (src, numel))
-        return scatter_chunk(group.ranks[src], group.group_rank(self.rank), numel)
-
-    def reduce_scatter(self, group: Group, numel: int) -> Any:
-        """Every member sends (its rank + 1) * position; chunk i is summed on group rank i."""
-        self.collective("reduce_scatter", group, (numel,))
-        weight = sum(r + 1 for r in group.ranks)
-        start = group.group_rank(self.rank) * numel
-        return [weight * (start + j + 1) for j in range(numel)]
-
-    def barrier(self, group: Group) -> None:
-        self.collective("barrier", group)
+def summary(mesh: MeshModel) -> Any:
+    """What a rank observes of a mesh: shape, names, its coordinate and the mesh tensor (torch's side where torch
+    built a mesh it should have refused)."""
+    obs = {
+        "shape": list(mesh.shape),
+        "ndim": mesh.ndim,
+        "names": list(mesh.names) if mesh.names else None,
+        "coordinate": list(mesh.coordinate) if mesh.coordinate is not None else None,
+        "mesh": mesh.view,
+    }
+    if mesh.creation_quirk is not None:
+        return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
+    return obs
 
 
 def normalized_overrides(overrides: list, ndim: int, names: Any) -> tuple[bool, ...]:
@@ -602,11 +568,6 @@ def normalized_overrides(overrides: list, ndim: int, names: Any) -> tuple[bool, 
     if left:
         raise ModelRaise(Err("RuntimeError", f"Found invalid keys in backend_override: got {left!r}"))
     return tuple(forced)
-
-
-def scatter_chunk(src_rank: int, index: int, numel: int) -> list[int]:
-    """What scatter's chunk `index` holds: values that name the sender and the chunk."""
-    return [src_rank * 1_000_000 + index * 1_000 + j for j in range(numel)]
 
 
 def _index(seq: Any, index: int, message: str = "list index out of range") -> Any:

@@ -6,10 +6,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..model.expect import Err, ModelRaise, quirk
 from ..spec import fields as F
 from ..spec.fields import PlanError
 from ..spec.plan import step
-from . import operation, rarely
+from .registry import operation, rarely
 from .meshes import names_of
 
 ON = {"mesh": F.MESH, "dim": F.DIM, "group": F.GROUP}
@@ -77,17 +78,123 @@ def draw_rooted_target(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: 
     return dict(target, src=draw(st.integers(0, smallest - 1)))
 
 
-@operation("all_reduce", "collective", {**ON, "numel": F.NUMEL})
+# Each collective's two sides: what the model expects on a group (recording the blocking call, so the model sees a
+# hang where members disagree), and what torch returns. `check` runs the same three along every mesh dim.
+
+
+def all_reduce_expected(model: Any, group: Any, numel: int) -> Any:
+    model.collective("all_reduce", group, (numel,))
+    return [r for r in group.ranks if r < numel]
+
+
+def all_reduce_performed(ex: Any, group: Any, device: Any, numel: int) -> Any:
+    """A one-hot vector at this rank's index: the sum names exactly the members."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(numel, device=device)
+    if ex.rank < numel:
+        x[ex.rank] = 1
+    dist.all_reduce(x, group=group)
+    values = x.tolist()
+    if all(v in (0.0, 1.0) for v in values):
+        return ex.moved([i for i, v in enumerate(values) if v == 1.0])
+    return ex.moved(values)
+
+
+def all_gather_expected(model: Any, group: Any) -> Any:
+    model.collective("all_gather", group)
+    model.note_order(group)
+    return quirk(list(group.order), list(group.ranks), "group-rank-order")
+
+
+def all_gather_performed(ex: Any, group: Any, device: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, torch.tensor([ex.rank], device=device), group=group)
+    return ex.moved([int(t.item()) for t in out])
+
+
+def broadcast_expected(model: Any, group: Any, src: int) -> Any:
+    if not 0 <= src < len(group.ranks):
+        # dist.broadcast lets an out-of-range group_src through to the backend, which refuses it.
+        raise ModelRaise(Err("RuntimeError", "invalid root rank"))
+    model.collective("broadcast", group, (src,))
+    model.note_order(group)
+    return quirk(group.order[src], group.ranks[src], "group-rank-order")
+
+
+def broadcast_performed(ex: Any, group: Any, device: Any, src: int) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([ex.rank], device=device)
+    dist.broadcast(t, group=group, group_src=src)
+    return ex.moved(int(t.item()))
+
+
+def scatter_chunk(src_rank: int, index: int, numel: int) -> list[int]:
+    """What scatter's chunk `index` holds: values that name the sender and the chunk."""
+    return [src_rank * 1_000_000 + index * 1_000 + j for j in range(numel)]
+
+
+def scatter_expected(model: Any, group: Any, src: int, numel: int) -> Any:
+    if not 0 <= src < len(group.ranks):
+        raise ModelRaise(Err("RuntimeError", "invalid root rank"))
+    model.collective("scatter", group, (src, numel))
+    return scatter_chunk(group.ranks[src], group.group_rank(model.rank), numel)
+
+
+def scatter_performed(ex: Any, group: Any, device: Any, src: int, numel: int) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    chunks = None
+    if dist.get_rank(group) == src:
+        chunks = [torch.tensor(scatter_chunk(ex.rank, i, numel), dtype=torch.int64, device=device)
+                  for i in range(dist.get_world_size(group))]
+    out = torch.zeros(numel, dtype=torch.int64, device=device)
+    dist.scatter(out, chunks, group=group, group_src=src)
+    return ex.moved(out.tolist())
+
+
+def reduce_scatter_expected(model: Any, group: Any, numel: int) -> Any:
+    """Every member sends (its rank + 1) * position; chunk i is summed on group rank i."""
+    model.collective("reduce_scatter", group, (numel,))
+    weight = sum(r + 1 for r in group.ranks)
+    start = group.group_rank(model.rank) * numel
+    return [weight * (start + j + 1) for j in range(numel)]
+
+
+def reduce_scatter_performed(ex: Any, group: Any, device: Any, numel: int) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    x = torch.arange(1, size * numel + 1, dtype=torch.int64, device=device) * (ex.rank + 1)
+    out = torch.zeros(numel, dtype=torch.int64, device=device)
+    dist.reduce_scatter_tensor(out, x, group=group)
+    return ex.moved(out.tolist())
+
+
+# --------------------------------------------------------------------------------------------- the operations
+
+
+@operation("all_reduce", "collective", {**ON, "numel": F.NUMEL}, weight=1)
 class AllReduce:
     """all_reduce (sum) of a one-hot vector of length numel (default: the world), on a mesh dim or a group"""
 
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.all_reduce(group, a.get("numel", run.model.world)))
+        return on_model_group(run, a, lambda model, group: all_reduce_expected(model, group,
+                                                                               a.get("numel", model.world)))
 
     def torch(ex: Any, a: dict) -> Any:
-        return on_torch_group(ex, a, lambda group, device: ex.all_reduce(group, a.get("numel", ex.world), device))
+        return on_torch_group(ex, a, lambda group, device: all_reduce_performed(ex, group, device,
+                                                                                a.get("numel", ex.world)))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -95,41 +202,41 @@ class AllReduce:
         return step("all_reduce", numel=numel, **draw(draw_target(b, handle, mesh, allow_errors)))
 
 
-@operation("all_gather", "collective", dict(ON))
+@operation("all_gather", "collective", dict(ON), weight=1)
 class AllGather:
     """all_gather of the rank: the group's members in group-rank order"""
 
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.all_gather(group))
+        return on_model_group(run, a, all_gather_expected)
 
     def torch(ex: Any, a: dict) -> Any:
-        return on_torch_group(ex, a, lambda group, device: ex.all_gather(group, device))
+        return on_torch_group(ex, a, lambda group, device: all_gather_performed(ex, group, device))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         return step("all_gather", **draw(draw_target(b, handle, mesh, allow_errors)))
 
 
-@operation("broadcast", "collective", {**ON, "src": F.GROUP_RANK})
+@operation("broadcast", "collective", {**ON, "src": F.GROUP_RANK}, weight=1)
 class Broadcast:
     """broadcast of the rank from group rank src (default 0)"""
 
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.broadcast(group, a.get("src", 0)))
+        return on_model_group(run, a, lambda model, group: broadcast_expected(model, group, a.get("src", 0)))
 
     def torch(ex: Any, a: dict) -> Any:
-        return on_torch_group(ex, a, lambda group, device: ex.broadcast(group, a.get("src", 0), device))
+        return on_torch_group(ex, a, lambda group, device: broadcast_performed(ex, group, device, a.get("src", 0)))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         return step("broadcast", **draw(draw_rooted_target(b, handle, mesh, allow_errors)))
 
 
-@operation("scatter", "collective", {**ON, "src": F.GROUP_RANK, "numel": F.NUMEL})
+@operation("scatter", "collective", {**ON, "src": F.GROUP_RANK, "numel": F.NUMEL}, weight=1)
 class Scatter:
     """scatter from group rank src (default 0) of one chunk of numel (default 1) per group rank, each chunk
     naming its sender and index"""
@@ -137,11 +244,12 @@ class Scatter:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.scatter(group, a.get("src", 0), a.get("numel", 1)))
+        return on_model_group(run, a, lambda model, group: scatter_expected(model, group, a.get("src", 0),
+                                                                            a.get("numel", 1)))
 
     def torch(ex: Any, a: dict) -> Any:
-        return on_torch_group(ex, a,
-                               lambda group, device: ex.scatter(group, a.get("src", 0), a.get("numel", 1), device))
+        return on_torch_group(ex, a, lambda group, device: scatter_performed(ex, group, device, a.get("src", 0),
+                                                                             a.get("numel", 1)))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -149,7 +257,7 @@ class Scatter:
         return step("scatter", numel=draw(st.sampled_from([1, 3])), **rooted)
 
 
-@operation("reduce_scatter", "collective", {**ON, "numel": F.NUMEL})
+@operation("reduce_scatter", "collective", {**ON, "numel": F.NUMEL}, weight=1)
 class ReduceScatter:
     """reduce_scatter_tensor (sum) of group size x numel (default 1) values per rank, each weighted by the
     sender's rank + 1, so every chunk tells which ranks were summed"""
@@ -157,10 +265,11 @@ class ReduceScatter:
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.reduce_scatter(group, a.get("numel", 1)))
+        return on_model_group(run, a, lambda model, group: reduce_scatter_expected(model, group, a.get("numel", 1)))
 
     def torch(ex: Any, a: dict) -> Any:
-        return on_torch_group(ex, a, lambda group, device: ex.reduce_scatter(group, a.get("numel", 1), device))
+        return on_torch_group(ex, a, lambda group, device: reduce_scatter_performed(ex, group, device,
+                                                                                    a.get("numel", 1)))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -168,14 +277,14 @@ class ReduceScatter:
                     **draw(draw_target(b, handle, mesh, allow_errors)))
 
 
-@operation("barrier", "collective", dict(ON))
+@operation("barrier", "collective", dict(ON), weight=1)
 class Barrier:
     """barrier on a mesh dim or a group"""
 
     check_args = check_target
 
     def model(run: Any, a: dict) -> Any:
-        return on_model_group(run, a, lambda model, group: model.barrier(group))
+        return on_model_group(run, a, lambda model, group: model.collective("barrier", group))
 
     def torch(ex: Any, a: dict) -> Any:
         import torch.distributed as dist

@@ -17,7 +17,7 @@ from ..spec import fields as F
 from ..spec.placements import REDUCE_OPS, contiguous_strides, parse_placement, placement_text
 from ..spec.plan import step
 from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
-from . import operation, rarely
+from .registry import operation, rarely
 
 
 class _Model:
@@ -239,7 +239,7 @@ def usable(mesh: Any) -> bool:
 
 
 @operation("distribute", "dtensor", {"mesh": F.MESH, "shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS},
-           required=("mesh", "shape", "placements"), produces=DT)
+           required=("mesh", "shape", "placements"), produces=DT, weight=2)
 class Distribute:
     """distribute_tensor of a global tensor holding 0, 1, 2, ... (float64) with one placement per mesh dim;
     observes the rank's local shape, values and global offset"""
@@ -264,7 +264,7 @@ class Distribute:
 
 
 @operation("redistribute", "dtensor", {"tensor": F.DTENSOR, "placements": F.PLACEMENTS},
-           required=("tensor", "placements"), produces=DT)
+           required=("tensor", "placements"), produces=DT, weight=2)
 class Redistribute:
     """DTensor.redistribute to other placements (to Partial only where it already is: torch refuses the rest)"""
 
@@ -288,7 +288,7 @@ class Redistribute:
                     out=b.fresh("t"))
 
 
-@operation("full_tensor", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
+@operation("full_tensor", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",), weight=1)
 class FullTensor:
     """DTensor.full_tensor(): every rank observes the whole tensor's shape, values and whether it is contiguous"""
 
@@ -303,7 +303,7 @@ class FullTensor:
     draw = reading("full_tensor")
 
 
-@operation("to_local", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",))
+@operation("to_local", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",), weight=1)
 class ToLocal:
     """DTensor.to_local(): the rank's block, its shape, values and whether it is contiguous"""
 
@@ -319,7 +319,7 @@ class ToLocal:
 @operation("from_local", "dtensor",
            {"mesh": F.MESH, "tensor": F.DTENSOR, "local_shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
             "run_check": F.BOOL, "shape": F.TENSOR_SHAPE},
-           required=("mesh", "placements"), produces=DT)
+           required=("mesh", "placements"), produces=DT, weight=1)
 class FromLocal:
     """DTensor.from_local of this rank's block: `tensor`'s local block, or a fresh `local_shape` block holding
     4096 * 2**rank + 0, 1, 2, ... (values that tell ranks apart); `shape` passes the global shape (and its
@@ -409,7 +409,7 @@ def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.
 
 
 @operation("sum", "dtensor", {"tensor": F.DTENSOR, "dim": F.TENSOR_DIM}, required=("tensor", "dim"),
-           produces=DT)
+           produces=DT, weight=1)
 class Sum:
     """torch.sum over one tensor dim of a DTensor: a dim sharded on a mesh dim becomes Partial(sum) there (a
     Partial(sum) input stays so; other Partial inputs are not modelled)"""

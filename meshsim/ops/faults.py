@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.plan import step
 from ..wire import DIED, INJECTED, RAISED
-from . import operation
+from .registry import operation
 
 
 class InjectedError(RuntimeError):

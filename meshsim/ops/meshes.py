@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.fields import PlanError, flatten_layout, layout_shape
 from ..spec.plan import restrict_view, step
-from . import operation, rarely
+from .registry import operation, rarely
 
 # ------------------------------------------------------------------------------------------ drawing helpers
 
@@ -164,7 +164,7 @@ class ExplicitMesh:
 # ------------------------------------------------------------------------------------------ derived meshes
 
 @operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL}, ("src", "names"),
-           F.PRODUCES_MESH)
+           F.PRODUCES_MESH, weight=3)
 class Slice:
     """src[names] (as_list: src[[names...]], the list form)"""
 
@@ -199,7 +199,7 @@ class Slice:
 
 
 @operation("flatten", "derive", {"src": F.MESH, "name": F.NAME, "backend": F.TEXT}, ("src",), F.PRODUCES_MESH,
-           creates_groups=True)
+           creates_groups=True, weight=2)
 class Flatten:
     """src._flatten(name, backend_override=backend)"""
 
@@ -228,7 +228,7 @@ class Flatten:
 
 @operation("unflatten", "derive", {"src": F.MESH, "dim": F.DIM, "sizes": F.SHAPE, "names": F.NAMES,
                                    "backend_override": F.OVERRIDES}, ("src", "dim", "sizes", "names"),
-           F.PRODUCES_MESH, creates_groups=True)
+           F.PRODUCES_MESH, creates_groups=True, weight=2)
 class Unflatten:
     """src._unflatten(dim, sizes, names, backend_override=...)"""
 
@@ -266,7 +266,7 @@ class Unflatten:
                     backend_override=draw(draw_overrides(len(sizes), names, allow_errors)))
 
 
-@operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH)
+@operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH, weight=2)
 class Concatenate:
     """DeviceMesh._concatenate([srcs...])"""
 
@@ -289,7 +289,7 @@ class Concatenate:
 
 
 @operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "groups": F.GROUP_CHOICES,
-                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH)
+                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH, weight=2)
 class FromGroup:
     """DeviceMesh.from_group(groups of src's dims, or a new_group handle, or one handle per dim out of lists of
     new_group handles; mesh=layout, else src seen from this rank)"""
@@ -403,7 +403,7 @@ def _seen_from_here(src: Any, dims: list, sliced_view: Any, view: Any, coordinat
     return restrict_view(view(src), coordinate, shape, indices)
 
 
-@operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST)
+@operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST, weight=1)
 class AllSubmeshes:
     """src._get_all_submeshes(dim): handles out.0, out.1, ..."""
 
@@ -422,7 +422,7 @@ class AllSubmeshes:
         return step("all_submeshes", src=handle, dim=dim, out=b.fresh("l"))
 
 
-@operation("new_group", "group", {"ranks": F.RANKS}, ("ranks",), F.PRODUCES_GROUP, creates_groups=True)
+@operation("new_group", "group", {"ranks": F.RANKS}, ("ranks",), F.PRODUCES_GROUP, creates_groups=True, weight=1)
 class NewGroup:
     """dist.new_group(ranks)"""
 

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.plan import step
 from ..wire import error_value
-from . import operation
+from . import collectives as C
 from .meshes import names_of
+from .registry import operation
 
 
 def _model_attempt(fn: Any, *args: Any) -> Any:
@@ -47,7 +48,7 @@ def torch_coordinate(mesh: Any) -> list[int] | None:
     return list(coordinate) if coordinate is not None else None
 
 
-@operation("query", "query", {"mesh": F.MESH, "what": F.QUERY, "dim": F.DIM}, ("mesh", "what"))
+@operation("query", "query", {"mesh": F.MESH, "what": F.QUERY, "dim": F.DIM}, ("mesh", "what"), weight=4)
 class Query:
     """one DeviceMesh query: get_group, get_all_groups, get_local_rank, get_coordinate, size, shape, ndim, mesh,
     mesh_dim_names; group_desc (of get_group(dim)), default_group (whether get_group(dim) is the default group
@@ -131,7 +132,7 @@ class Query:
         return step("query", mesh=handle, what=what, dim=dim)
 
 
-@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",))
+@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",), weight=1)
 class GetRank:
     """mesh.get_rank(): this rank's global rank, asked of a mesh"""
 
@@ -146,13 +147,13 @@ class GetRank:
         return st.just(step("get_rank", mesh=handle))
 
 
-@operation("check", "query", {"mesh": F.MESH, "collectives": F.BOOL}, ("mesh",))
+@operation("check", "query", {"mesh": F.MESH, "collectives": F.BOOL}, ("mesh",), weight=2)
 class Check:
     """every query, and all_reduce/all_gather/broadcast along every dim"""
 
     def model(run: Any, a: dict) -> Any:
         from ..model.expect import ModelRaise, Quirk
-        from ..model.predict import summary
+        from ..model.mesh import summary
 
         model, mesh = run.model, run.mesh(a["mesh"])
         obs = summary(mesh)
@@ -174,9 +175,9 @@ class Check:
                 entry["group_by_name"] = _model_attempt(model.group_observation, mesh, name)
                 entry["local_rank_by_name"] = _model_attempt(model.local_rank_observation, mesh, name)
             if a.get("collectives", True):
-                entry["all_reduce"] = model.all_reduce(group, model.world)
-                entry["all_gather"] = model.all_gather(group)
-                entry["broadcast"] = model.broadcast(group, 0)
+                entry["all_reduce"] = C.all_reduce_expected(model, group, model.world)
+                entry["all_gather"] = C.all_gather_expected(model, group)
+                entry["broadcast"] = C.broadcast_expected(model, group, 0)
             obs["dims"].append(entry)
         obs["all_groups"] = _model_attempt(lambda: [model.group_observation(mesh, i) for i in range(mesh.ndim)])
         return obs
@@ -205,9 +206,9 @@ class Check:
             if a.get("collectives", True):
                 ex.progress.context = (handle, names[index] if names and index < len(names) else index)
                 device = ex.device_of(mesh.device_type)
-                entry["all_reduce"] = ex.all_reduce(group, ex.world, device)
-                entry["all_gather"] = ex.all_gather(group, device)
-                entry["broadcast"] = ex.broadcast(group, 0, device)
+                entry["all_reduce"] = C.all_reduce_performed(ex, group, device, ex.world)
+                entry["all_gather"] = C.all_gather_performed(ex, group, device)
+                entry["broadcast"] = C.broadcast_performed(ex, group, device, 0)
             obs["dims"].append(entry)
         obs["all_groups"] = _torch_attempt(lambda: [dist.get_process_group_ranks(g) for g in mesh.get_all_groups()])
         return obs
@@ -216,7 +217,7 @@ class Check:
         return st.just(step("check", mesh=handle))
 
 
-@operation("compare", "query", {"a": F.MESH, "b": F.MESH, "dim_a": F.DIM, "dim_b": F.DIM}, ("a", "b"))
+@operation("compare", "query", {"a": F.MESH, "b": F.MESH, "dim_a": F.DIM, "dim_b": F.DIM}, ("a", "b"), weight=1)
 class Compare:
     """identity of two meshes (a == b, hash(a) == hash(b), a is b), or with dim_a/dim_b of their groups
     (a.get_group(dim_a) is b.get_group(dim_b), and their ranks are equal)"""
@@ -254,7 +255,7 @@ class Compare:
         return step("compare", a=handle, b=other)
 
 
-@operation("root_mesh", "derive", {"src": F.MESH}, ("src",), F.PRODUCES_MESH)
+@operation("root_mesh", "derive", {"src": F.MESH}, ("src",), F.PRODUCES_MESH, weight=1)
 class RootMesh:
     """src._get_root_mesh(): the mesh src was sliced, flattened or unflattened from (itself for a root)"""
 
@@ -268,7 +269,7 @@ class RootMesh:
         return st.just(step("root_mesh", src=handle, out=b.fresh("r")))
 
 
-@operation("group_count", "query", {})
+@operation("group_count", "query", {}, weight=1)
 class GroupCount:
     """how many groups this plan has named so far (torch's _world.group_count, counted from the plan's start;
     every new_group call counts, members or not)"""

@@ -26,10 +26,11 @@ import warnings
 from typing import Any, Callable
 
 from .. import deadlines
+from ..ops import operation_of
 from ..spec.topology import Topology
 from ..wire import (DIED, FINISHED, STUCK, UNMOVED, FromRank, PlanDone, RankDied, Ready, RunPlan, RunRanks, Stop,
                     dispatch, digest_ints)
-from ..model.mesh import Platform
+from ..spec.platform import Platform
 from .generation import ClusterError, Generation
 from .interpreter import Interpreter
 from .rank import WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
@@ -65,7 +66,7 @@ class FakeInterpreter(Interpreter):
         return digest_ints(tensor.to(torch.int64).contiguous().numpy().tobytes(), list(tensor.shape))
 
     def step(self, st: Any, args: dict) -> Any:
-        if st.operation.role == "dtensor":
+        if operation_of(st).role == "dtensor":
             # DTensor's functional collectives resolve groups by name, and this process re-creates the world for
             # each rank it plays: a later rank's names point at groups of an earlier one. Not checked here.
             return UNMOVED
@@ -77,30 +78,12 @@ class FakeInterpreter(Interpreter):
     def kill(self) -> None:
         raise RankEnded(-9)
 
-    # torch's collective still runs (its argument checks are real); its result is meaningless.
     @staticmethod
     def device_of(device_type: str) -> Any:
         return None  # nothing is moved, so no tensor needs a device (there may be no CUDA on this machine)
 
-    def all_reduce(self, group: Any, numel: int, device: Any) -> Any:
-        super().all_reduce(group, numel, device)
-        return UNMOVED
-
-    def all_gather(self, group: Any, device: Any) -> Any:
-        super().all_gather(group, device)
-        return UNMOVED
-
-    def broadcast(self, group: Any, src: int, device: Any) -> Any:
-        super().broadcast(group, src, device)
-        return UNMOVED
-
-    def scatter(self, group: Any, src: int, numel: int, device: Any) -> Any:
-        super().scatter(group, src, numel, device)
-        return UNMOVED
-
-    def reduce_scatter(self, group: Any, numel: int, device: Any) -> Any:
-        super().reduce_scatter(group, numel, device)
-        return UNMOVED
+    def moved(self, value: Any) -> Any:
+        return UNMOVED  # torch's collective still ran (its argument checks are real); its result is meaningless
 
 
 def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:

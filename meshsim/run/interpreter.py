@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from ..ops import operation_of
 from ..ops.dtensor import torch_observe
 from ..ops.faults import InjectedError
 from ..ops.queries import mesh_summary
@@ -119,7 +120,7 @@ class Interpreter:
 
     def step(self, st: Step, args: dict) -> Any:
         self.progress.context = (st.out, None)
-        value = st.operation.torch(self, args)
+        value = operation_of(st).torch(self, args)
         if st.out is not None:
             self.handles[st.out] = value
         return self.observe(value)
@@ -144,6 +145,10 @@ class Interpreter:
     def values_of(self, tensor: torch.Tensor) -> Any:
         """A tensor's values as an observation (exact, or a digest when many)."""
         return tensor_values(tensor.detach().cpu().reshape(-1).tolist())
+
+    def moved(self, value: Any) -> Any:
+        """What a collective returned, as an observation (the fake tier moves no data: nothing to observe)."""
+        return value
 
     def exit(self, code: int) -> None:
         """An `exit` fault: the rank's process ends."""
@@ -171,44 +176,3 @@ class Interpreter:
         if not isinstance(value, DeviceMesh):
             raise HandleError(f"handle {ref!r} is not a mesh")
         return value
-
-    # ------------------------------------------------------------------ collectives whose values tell ranks apart
-
-    def all_reduce(self, group: Any, numel: int, device: torch.device) -> Any:
-        x = torch.zeros(numel, device=device)
-        if self.rank < numel:
-            x[self.rank] = 1
-        dist.all_reduce(x, group=group)
-        values = x.tolist()
-        if all(v in (0.0, 1.0) for v in values):
-            return [i for i, v in enumerate(values) if v == 1.0]
-        return values
-
-    def all_gather(self, group: Any, device: torch.device) -> list[int]:
-        out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(out, torch.tensor([self.rank], device=device), group=group)
-        return [int(t.item()) for t in out]
-
-    def scatter(self, group: Any, src: int, numel: int, device: torch.device) -> list[int]:
-        from ..model.mesh import scatter_chunk
-
-        size = dist.get_world_size(group)
-        chunks = None
-        if dist.get_rank(group) == src:
-            chunks = [torch.tensor(scatter_chunk(self.rank, i, numel), dtype=torch.int64, device=device)
-                      for i in range(size)]
-        out = torch.zeros(numel, dtype=torch.int64, device=device)
-        dist.scatter(out, chunks, group=group, group_src=src)
-        return out.tolist()
-
-    def reduce_scatter(self, group: Any, numel: int, device: torch.device) -> list[int]:
-        size = dist.get_world_size(group)
-        x = torch.arange(1, size * numel + 1, dtype=torch.int64, device=device) * (self.rank + 1)
-        out = torch.zeros(numel, dtype=torch.int64, device=device)
-        dist.reduce_scatter_tensor(out, x, group=group)
-        return out.tolist()
-
-    def broadcast(self, group: Any, src: int, device: torch.device) -> int:
-        t = torch.tensor([self.rank], device=device)
-        dist.broadcast(t, group=group, group_src=src)
-        return int(t.item())

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import deadlines
-from ..model.mesh import CPU, Platform
+from ..spec.platform import CPU, Platform
 from ..outcome import PASS
 from ..spec.topology import Topology
 from ..wire import DIED, FINISHED, RAISED, STUCK, FunctionDone, PlanDone, RankDied, ScriptDone, Teardown

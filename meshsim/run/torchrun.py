@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import deadlines
-from ..model.mesh import CPU, Platform
+from ..spec.platform import CPU, Platform
 from ..wire import STUCK, CallBegun, RunPlan
 from .generation import WARM_MODULES
 from .process import resolve_backend

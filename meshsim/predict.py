@@ -1,4 +1,8 @@
-"""Predict, for a plan and a world size, what every rank observes and how the run ends."""
+"""Predict, for a plan and a world size, what every rank observes and how the run ends.
+
+It runs each step's model part (meshsim.ops) on every rank of the pure model (meshsim.model), then plays the
+ranks' blocking calls against each other (simulate). It sits above both: the model knows nothing of plans.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..outcome import ERROR, PASS, UNDEFINED, blame, divergent_ranks, outcome_of
-from ..spec.plan import Plan, Step
-from ..wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED
-from .expect import Err, ModelRaise, Quirk
-from . import layout as L
-from .dtensor import DTensorModel
-from .mesh import CPU, Call, Group, MeshModel, Platform, RankModel
+from .model import layout as L
+from .model.dtensor import DTensorModel
+from .model.expect import Err, ModelRaise, Quirk
+from .model.mesh import Call, Group, MeshModel, RankModel, summary
+from .ops import operation_of
+from .outcome import ERROR, PASS, UNDEFINED, blame, outcome_of
+from .spec.plan import Plan, Step
+from .spec.platform import CPU, Platform
+from .wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED
 
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
@@ -220,7 +226,7 @@ def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
     """What this rank observes at one step: the op's model step, with torch's errors as values."""
     run.index = run.model.step = index
     try:
-        value = st.operation.model(run, args)
+        value = operation_of(st).model(run, args)
     except ModelRaise as exc:
         if st.out:
             run.handles.pop(st.out, None)
@@ -242,17 +248,6 @@ def _shape_result(run: RankRun, value: Any) -> Any:
     return value
 
 
-def summary(mesh: MeshModel) -> Any:
-    obs = {
-        "shape": list(mesh.shape),
-        "ndim": mesh.ndim,
-        "names": list(mesh.names) if mesh.names else None,
-        "coordinate": list(mesh.coordinate) if mesh.coordinate is not None else None,
-        "mesh": mesh.view,
-    }
-    if mesh.creation_quirk is not None:
-        return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
-    return obs
 
 
 # --------------------------------------------------------------------------------------------- the whole world
@@ -307,3 +302,23 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
                             if current(m) is None or (current(m).key, current(m).kind) != (call.key, call.kind))
             stuck.append(Stuck(rank, call, missing))
     return stuck, mismatched
+
+
+def divergent_ranks(plan: Plan, world: int) -> set[int]:
+    """The ranks at fault when a plan's divergence hangs a run.
+
+    Group creation needs every rank, so those that skip it are at fault; for anything else, the minority that
+    does something the others do not.
+    """
+    culprits: set[int] = set()
+    for st in plan.steps:
+        if not st.diverges:
+            continue
+        runs = {r for r in range(world) if st.runs_on(r)}
+        skipped = set(range(world)) - runs
+        odd = set(st.on_rank) & runs
+        if operation_of(st).creates_groups or len(runs) * 2 > world:
+            culprits |= odd | skipped
+        else:
+            culprits |= odd | runs
+    return culprits

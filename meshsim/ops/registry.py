@@ -1,0 +1,69 @@
+"""The registry of operations: each defined once, with every part it needs (see meshsim.ops)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..spec import fields as F
+
+ROLES = ("root", "derive", "query", "collective", "dtensor", "group", "fault")
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    doc: str
+    role: str  # how the strategies use it: root meshes, derived meshes, queries, collectives, groups, faults
+    fields: dict[str, F.Kind]
+    required: tuple[str, ...]
+    produces: str | None  # what its `out` handle holds
+    creates_groups: bool  # every rank must take part (members or not), like new_group
+    model: Callable[..., Any]
+    torch: Callable[..., Any]
+    draw: Callable[..., Any]
+    check_args: Callable[[dict], None] = field(default=lambda args: None)
+    weight: int = 0  # how often meshsim.strategies.plans draws it, by how much of torch it reaches
+
+
+OPERATIONS: dict[str, Operation] = {}
+PARTS = ("model", "torch", "draw")
+# Roots start plans (meshsim.strategies.root_steps) and faults make them diverge (divergent_plans); every other
+# role is drawn by plans() in proportion to its weight, so one without a weight would never be drawn.
+DRAWN_ELSEWHERE = ("root", "fault")
+
+
+def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, required: tuple[str, ...] = (),
+              produces: str | None = None, creates_groups: bool = False, weight: int = 0
+              ) -> Callable[[type], Operation]:
+    """Register the class it decorates as operation `name`: its docstring is the op's doc, its functions
+    `model`, `torch`, `draw` (and optionally `check_args`) are the parts."""
+
+    def register(cls: type) -> Operation:
+        missing = [part for part in PARTS if not callable(getattr(cls, part, None))]
+        if missing:
+            raise TypeError(f"operation {name!r} lacks {', '.join(missing)}")
+        if role not in ROLES or name in OPERATIONS:
+            raise TypeError(f"operation {name!r}: bad role {role!r} or defined twice")
+        if (weight > 0) == (role in DRAWN_ELSEWHERE):
+            raise TypeError(f"operation {name!r}: a {role} op needs "
+                            + ("no weight (it is drawn elsewhere)" if role in DRAWN_ELSEWHERE else "a weight > 0"))
+        op = Operation(name, (cls.__doc__ or "").strip(), role, dict(fields or {}), required, produces,
+                       creates_groups, cls.model, cls.torch, cls.draw,
+                       getattr(cls, "check_args", lambda args: None), weight)
+        OPERATIONS[name] = op
+        return op
+
+    return register
+
+
+def rarely(draw: Callable[..., Any], one_in: int) -> bool:
+    """True once in `one_in` draws. The rare branch sits at the top of the range, so that shrinking (which moves
+    integers toward 0) leaves it: a counterexample keeps an exotic choice only when the failure needs it."""
+    from hypothesis import strategies as st
+
+    return draw(st.integers(0, one_in - 1)) == one_in - 1
+
+
+def of_role(*roles: str) -> list[Operation]:
+    return [op for op in OPERATIONS.values() if op.role in roles]

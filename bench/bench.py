@@ -26,9 +26,9 @@ import textwrap
 import time
 from datetime import timedelta
 
+from raw import check_collectives, destroy_new_groups
 from rich.console import Console
 from rich.table import Table
-from raw import check_collectives, destroy_new_groups
 from tiers import tiers_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -167,8 +167,7 @@ def spawn_per_test(world: int) -> float:
 
 
 def plans_section(count: int = 60) -> None:
-    from meshsim import Plan, Topology, step
-    from meshsim import Cluster
+    from meshsim import Cluster, Plan, Topology, step
 
     plans = [Plan((step("init_device_mesh", shape=list(s), names=list(n), out="m"), step("check", mesh="m")))
              for s, n in SHAPES]
@@ -190,17 +189,18 @@ def plans_section(count: int = 60) -> None:
         table.add_column(col, justify="right")
     table.add_row("raw torch loop (persistent ranks, no checks)", f"{raw:.1f}", "1.00")
     table.add_row("meshsim (model + verdict per plan)", f"{ours:.1f}", f"{ours / raw:.2f}")
-    table.add_row("spawn per test (8 ranks)", f"{1 / statistics.median(spawn):.2f}", f"{1 / statistics.median(spawn) / raw:.3f}")
+    spawn_rate = 1 / statistics.median(spawn)
+    table.add_row("spawn per test (8 ranks)", f"{spawn_rate:.2f}", f"{spawn_rate / raw:.3f}")
     console.print(table)
-    console.print(f"  rounds: meshsim {', '.join(f'{r:.1f}' for r in rates)}; raw {', '.join(f'{r:.1f}' for r in raws)}; "
+    console.print(f"  rounds: meshsim {', '.join(f'{r:.1f}' for r in rates)}; "
+                  f"raw {', '.join(f'{r:.1f}' for r in raws)}; "
                   f"spawn-per-test {', '.join(f'{s:.1f} s' for s in spawn)}")
 
 
 # --------------------------------------------------------------------------------------------- fuzz
 
 def fuzz_section(examples: int = 150) -> None:
-    from meshsim import Topology
-    from meshsim import Cluster
+    from meshsim import Cluster, Topology
     from meshsim.fuzz import fuzz
 
     table = Table(title=f"fuzz: generated plans per second ({examples} examples, seed 0)")
@@ -242,8 +242,7 @@ def dtensor_section(examples: int = 400) -> None:
 
 
 def find_section() -> None:
-    from meshsim import Topology
-    from meshsim import Cluster
+    from meshsim import Cluster, Topology
     from meshsim.fuzz import fuzz
 
     table = Table(title="fuzz at W = 8: finding and shrinking bugs injected into DeviceMesh in the workers "
@@ -263,8 +262,7 @@ def find_section() -> None:
 
 
 def memory_section() -> None:
-    from meshsim import Plan, Topology, step
-    from meshsim import Cluster
+    from meshsim import Cluster, Plan, Topology, step
 
     def kib(pid: int, path: str, key: str) -> int:
         with open(f"/proc/{pid}/{path}") as fh:

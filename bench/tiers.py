@@ -128,7 +128,8 @@ def tiers_section(console, big: bool = False) -> None:
     from meshsim.examples.layouts import NamedLayout
 
     layout = NamedLayout("5-d", (("pp", 16), ("dp_replicate", 4), ("dp_shard", 25), ("cp", 8), ("tp", 8)), 8, "")
-    plan = Plan((step("init_device_mesh", out="m", shape=[s for _, s in layout.dims], names=[n for n, _ in layout.dims]),
+    plan = Plan((step("init_device_mesh", out="m", shape=[s for _, s in layout.dims],
+                      names=[n for n, _ in layout.dims]),
                  step("query", mesh="m", what="get_all_groups"), step("query", mesh="m", what="get_coordinate")))
     with open_executor(layout.topology, "model") as executor:
         started = time.monotonic()

@@ -1,8 +1,9 @@
 """meshsim: a simulated multi-host cluster testbed for PyTorch DeviceMesh correctness.
 
-The data path, one package a stage: meshsim.spec (topology, plans) and meshsim.ops (every operation) ->
-meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.model (pure reference model) ->
-meshsim.judge (verdict, hang diagnosis) -> meshsim.report. meshsim.check runs that path for every entry point.
+The data path, one package a stage: meshsim.spec (topology, plans, tiers) and meshsim.ops (every operation) ->
+meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.record (what every run ends in)
+-> meshsim.judge (against meshsim.predict, the pure reference model's prediction; verdict, culprits, diagnosis)
+-> meshsim.report. meshsim.check runs that path for every entry point.
 """
 
 from .spec import Plan, PlanError, Step, Topology, step
@@ -12,10 +13,18 @@ __version__ = "0.2.0"
 
 def __getattr__(name: str):
     # Cluster pulls in torch; keep `import meshsim` light for the pure parts (plan, model, topology).
-    if name in ("Cluster", "ClusterError"):
-        from . import run
+    if name == "Cluster":
+        from .cluster import Cluster
 
-        return getattr(run, name)
+        return Cluster
+    if name == "ClusterError":
+        from .errors import ClusterError
+
+        return ClusterError
+    if name == "Verdict":
+        from .judge.verdict import Verdict
+
+        return Verdict
     if name == "predict":
         from .predict import predict
 
@@ -31,4 +40,5 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["Plan", "PlanError", "Step", "step", "Topology", "Cluster", "ClusterError", "predict", "check", "launch"]
+__all__ = ["Plan", "PlanError", "Step", "step", "Topology", "Cluster", "ClusterError", "Verdict", "predict", "check",
+           "launch"]

@@ -1,20 +1,23 @@
-"""The one place that checks a plan: validate -> predict -> execute -> judge.
+"""The one path every run takes: validate -> (predict) -> execute -> judge.
 
-Every entry point goes through `check`: the Python API (Cluster.run), fuzz, scenarios, nightly, the pytest
-plugin and torchrun mode. It takes any executor (meshsim.run.Executor), and strictness is a parameter.
+`check` runs a plan (the Python API's Cluster.run, fuzz, scenarios, nightly, the pytest plugin, torchrun mode,
+replay), `run_function` a user's function (run_fn, a cluster's setup, the recipe's examples), and
+meshsim.launcher a script. Each hands its work to an executor (meshsim.run.Executor), which returns a record, and
+the record to the one judge (meshsim.judge.verdict.judge), which returns a Verdict.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import deadlines
-from .judge.verdict import Result, judge
-from .spec.platform import CPU, Platform
-from .predict import Prediction, no_gc, predict, unpredictable
+from .judge.verdict import Verdict, judge
 from .ops import validate
+from .predict import Prediction, no_gc, predict, unpredictable
 from .spec.plan import Plan, PlanError
-from .wire import RunPlan
+from .spec.platform import CPU, Platform
+from .wire import RunFunction, RunPlan
 
 
 def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU) -> Prediction:
@@ -25,13 +28,8 @@ def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform =
         return unpredictable(plan, world, exc)
 
 
-def platform_of(executor: Any) -> Platform:
-    """The machine the executor's ranks run on, as the model needs it (an executor that does not say: a CPU one)."""
-    return getattr(executor, "platform", CPU)
-
-
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
-          prediction: Prediction | None = None) -> Result:
+          prediction: Prediction | None = None) -> Verdict:
     """Run `plan` on the executor's ranks and judge what they observed against the model."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
@@ -41,9 +39,23 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
         if not found:
-            found.append(prediction_for(plan, executor.world, deadline, platform_of(executor)))
+            found.append(prediction_for(plan, executor.world, deadline, executor.platform))
         return found[0]
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
         record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
-        return judge(plan, meanwhile(), record, strict=strict)
+        return judge(record, "plan", plan, meanwhile(), strict=strict)
+
+
+def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,
+                 deadline: float | None = None) -> Verdict:
+    """fn(*args, **kwargs) on every rank of the executor, under a deadline (default deadlines.FUNCTION_S).
+
+    The function travels pickled by the `multiprocess` package's dill-based pickler, so closures and lambdas
+    defined inside a test work."""
+    from multiprocess.reduction import ForkingPickler
+
+    deadline = deadlines.checked(deadlines.FUNCTION_S if deadline is None else deadline)
+    payload = bytes(ForkingPickler.dumps((fn, args, kwargs or {})))
+    record = executor.execute(RunFunction(payload, deadline))
+    return judge(record, "function", topology=getattr(executor, "topology", None))

@@ -14,14 +14,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
-from .launcher import LAUNCH_S
+from .deadlines import EXAMPLE_S, LAUNCH_S, PLAN_S, SCENARIO_S, START_S
+from .errors import InputError, MeshsimError
 from .report import make_console
+from .spec.platform import BACKENDS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(ValueError):
+class UsageError(InputError):
     """Bad command-line input (one line, exit 2)."""
 
 
@@ -62,24 +63,25 @@ def _topology_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _tier_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tier", default="process", choices=["process", "thread", "fake", "model"],
-                        help="process: a process per rank, up to 64 (default); thread: ranks as threads on torch's "
-                             "threaded group, up to 1,024; fake: each rank alone on torch's fake group (groups, no "
-                             "data), thousands; model: the reference model alone")
+    from .spec.tiers import TIERS
+
+    parser.add_argument("--tier", default="process", choices=list(TIERS),
+                        help="; ".join(f"{name}: {caps.describe}, up to {caps.max_world:,} ranks"
+                                       for name, caps in TIERS.items()) + " (default: process)")
     parser.add_argument("--ranks", type=_positive(int), default=None,
                         help="fake tier: check this many ranks (every host's first and last first, then a seeded "
                              "spread) instead of all")
 
 
 def _open(topology: Any, args: argparse.Namespace, deadline: float, **options: Any) -> Any:
-    from .tiers import open_executor
+    from .cluster import Cluster
 
-    return open_executor(topology, args.tier, deadline=deadline, ranks=args.ranks, backend=args.backend,
-                         setup=args.setup, start_timeout=args.start_timeout, **options)
+    return Cluster(topology, backend=args.backend, deadline=deadline, tier=args.tier, ranks=args.ranks,
+                   setup=args.setup, start_timeout=args.start_timeout, **options)
 
 
 def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, what: str = "") -> None:
-    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
+    parser.add_argument("--backend", default="gloo", choices=BACKENDS,
                         help="gloo on CPU (default), nccl one rank per GPU, auto = nccl when GPUs suffice")
     default = what or f"default {deadline:g}"
     parser.add_argument("--deadline", type=_deadline, default=deadline,
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--no-examples", action="store_true", help="leave out the recipe examples")
     ni.add_argument("--torchrun", action="store_true",
                     help="run as a torchrun rank (detected from torchrun's environment anyway)")
-    ni.add_argument("--backend", default="auto", choices=["gloo", "nccl", "auto", "cpu:gloo,cuda:nccl"],
+    ni.add_argument("--backend", default="auto", choices=BACKENDS,
                     help="auto (default) = nccl with one GPU per rank when there are enough, else gloo")
     ni.add_argument("--deadline", type=_deadline, default=PLAN_S, help=f"seconds per plan (default {PLAN_S:g})")
     ni.add_argument("--setup", metavar="MODULE:FUNCTION", help="a function every rank runs after it joins")
@@ -182,16 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .deadlines import DeadlineError
-    from .run import ClusterError
-    from .scenario import ScenarioError
-    from .spec.plan import PlanError
-    from .spec.topology import TopologyError
-    from .tiers import TierError
-
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, PlanError, ScenarioError, TopologyError, ClusterError, DeadlineError, TierError) as exc:
+    except MeshsimError as exc:
         print(f"meshsim: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -205,7 +200,7 @@ def _terminate(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     name = "interrupted" if signum == signal.SIGINT else "terminated"
     print(f"\nmeshsim: {name}; every rank was stopped", file=sys.stderr, flush=True)
-    from .run.process import close_all
+    from .run.pool import close_all
 
     close_all(kill=True)
     os._exit(128 + signum)
@@ -281,7 +276,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         return EXIT_OK if report.passed else EXIT_FAIL
     for note in report.notes:
         out.print(f"note: {note}", style="dim", markup=False, highlight=False)
-    out.print(f"{report.examples} plans on {topology} ({cluster.tier} tier, {getattr(cluster, 'backend', 'no backend')}) "
+    backend = getattr(cluster, "backend", "no backend")
+    out.print(f"{report.examples} plans on {topology} ({cluster.tier} tier, {backend}) "
               f"in {report.elapsed:.1f} s "
               f"= {report.rate:.1f} plans/s; outcomes {dict(report.outcomes)}")
     if report.findings:
@@ -395,7 +391,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from .nightly import check_scenarios_dir, default_seed, render, run_local, run_torchrun, write_outputs
+    from .nightly import (
+        check_scenarios_dir,
+        default_seed,
+        render,
+        run_local,
+        run_torchrun,
+        write_outputs,
+    )
     from .run.torchrun import under_torchrun
     from .spec.topology import Topology
 
@@ -427,7 +430,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 def cmd_examples(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from .run import Cluster
+    from .cluster import Cluster
     from .examples import run_examples
     from .examples.recipe import TOPOLOGY
     from .spec.topology import Topology
@@ -449,6 +452,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from .launcher import LaunchError, main
 
+    writable_dir(args.log_dir, "--log-dir")
     try:
         return main(args)
     except LaunchError as exc:
@@ -457,6 +461,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     from .ops import OPERATIONS, ROLES, reference_markdown
 
@@ -468,12 +473,15 @@ def cmd_ops(args: argparse.Namespace) -> int:
         table.add_column(col)
     for op in sorted(OPERATIONS.values(), key=lambda o: (ROLES.index(o.role), o.name)):
         fields = ", ".join(f"{n}{'*' if n in op.required else ''}" for n in op.fields) or "-"
-        table.add_row(op.name, op.role, " ".join(op.doc.split()), fields + ("; out*" if op.produces else ""))
+        # Text, not markup: docs say "[names...]" and "S(dim)", which rich would read as tags.
+        table.add_row(*(Text(cell) for cell in (op.name, op.role, " ".join(op.doc.split()),
+                                                 fields + ("; out*" if op.produces else ""))))
     make_console().print(table)
     return EXIT_OK
 
 
-COMMANDS = {"launch": cmd_launch, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings,
+COMMANDS = {"launch": cmd_launch, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly,
+            "examples": cmd_examples, "findings": cmd_findings,
             "explain": cmd_explain}
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 
+from .errors import InputError
+
 PLAN_S = 10.0  # a plan: Cluster, fuzz, `meshsim fuzz/run/nightly`, the pytest plugin
 SCENARIO_S = 5.0  # a scenario file that names no deadline
 FUNCTION_S = 60.0  # a user function (run_fn, a setup function, the recipe examples' training is longer)
 EXAMPLE_S = 180.0  # one of the DeviceMesh recipe's examples (FSDP training on 8 CPU ranks)
+LAUNCH_S = 300.0  # a script under `meshsim launch`: a training script may take minutes
 START_S = 120.0  # workers starting and joining the world
 EXPECTED_HANG_S = 3.0  # a plan the model says must hang only needs long enough to show it
 DEATH_GRACE_S = 1.0  # after a rank dies, how long the others get to finish before the run is called
@@ -22,7 +25,7 @@ MIN_S = 1.0  # shorter cannot tell a hang from a plan that is merely slow on a l
 MAX_S = 86_400.0  # a day: longer is a typo, and torch's timedelta arithmetic overflows far beyond it
 
 
-class DeadlineError(ValueError):
+class DeadlineError(InputError):
     """A deadline outside the range meshsim can honour."""
 
 

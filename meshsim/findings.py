@@ -119,7 +119,8 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
-            "get-group-name-shadowed-by-flatten", "get_group(name) prefers the root's flattened dims over the mesh's own",
+            "get-group-name-shadowed-by-flatten",
+            "get_group(name) prefers the root's flattened dims over the mesh's own",
             "torch-wrong",
             "get_group/get_local_rank look a name up in the root mesh's _flatten_mapping before the mesh's own "
             "dims, so a mesh whose dim shares a name with a flattened dim of its root answers with the "
@@ -173,7 +174,8 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
-            "get-group-foreign-flattened-name", "A submesh answers get_group(name) for a flattened dim it does not have",
+            "get-group-foreign-flattened-name",
+            "A submesh answers get_group(name) for a flattened dim it does not have",
             "docs-vs-code",
             "After m._flatten('f'), m['c'].get_group('f') returns the flattened group although 'f' is not a dim "
             "of m['c'] (get_group looks names up in the root's _flatten_mapping first); its mesh_dim_names and "
@@ -181,7 +183,8 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
-            "mesh-shape-divergence-hangs", "Ranks that build different mesh shapes are not told; some finish, others hang",
+            "mesh-shape-divergence-hangs",
+            "Ranks that build different mesh shapes are not told; some finish, others hang",
             "torch-inconsistent",
             "When one rank calls init_device_mesh('cpu', (4, 1)) and the others (2, 2), that rank creates its "
             "groups and returns while the others wait forever inside init_device_mesh for groups it never joins. "

@@ -5,19 +5,20 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from . import deadlines
-from .check import check, platform_of, prediction_for
+from .check import check, prediction_for
+from .errors import ClusterError
 from .model import torch_side
 from .outcome import HANG, PASS, UNDEFINED
-from .run.generation import ClusterError
 from .scenario import Expect, Scenario
 from .spec.topology import Topology
 from .strategies import divergent_plans, plans
@@ -84,13 +85,13 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     """
     report = FuzzReport(cluster.topology)
     world = cluster.world
-    strategy = plans(world, max_steps=max_steps, device=platform_of(cluster).device)
+    strategy = plans(world, max_steps=max_steps, device=cluster.platform.device)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(world))
     started = time.monotonic()
 
     def torch_agrees_with_model(plan: Any) -> None:
-        prediction = prediction_for(plan, world, deadline, platform_of(cluster))
+        prediction = prediction_for(plan, world, deadline, cluster.platform)
         wait = deadline
         if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(deadline, expected_hang_deadline)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .outcome import PASS
 from .scenario import Scenario, load
-from .outcome import HANG, PASS
 
 
 @dataclass
@@ -110,7 +110,8 @@ def scenario_item(scenario: Scenario, result: Any) -> Item:
         detail += "\n" + render_text(result)
     findings = sorted(result.findings)
     return Item("scenario", scenario.name, run.matched, result.record.elapsed, detail,
-                {"outcome": result.outcome, "findings": findings})
+                {"outcome": result.outcome, "findings": findings,
+                 "diagnosis": result.diagnosis.to_json() if result.diagnosis is not None else None})
 
 
 def fuzz_item(report: Any, seed: int) -> Item:
@@ -150,8 +151,8 @@ def check_scenarios_dir(path: str) -> None:
 
 def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: int, seed: int, deadline: float,
               save_dir: str, with_examples: bool = True, setup: Any = None) -> NightlyReport:
+    from .cluster import Cluster
     from .fuzz import fuzz
-    from .run import Cluster
 
     scenarios, missing = suite_scenarios(scenarios_dir, topology.world)
     with Cluster(topology, backend=backend, deadline=deadline, setup=setup) as cluster:
@@ -208,7 +209,6 @@ def render(report: NightlyReport, console: Any) -> None:
     console.print(f"{ran} cases, {verdict}" + (f"; {len(skips)} parts skipped" if skips else ""))
 
 
-
 # --------------------------------------------------------------------------------------------- under torchrun
 
 def draw_plans(world: int, count: int, seed: int, device: str = "cpu") -> list:
@@ -237,35 +237,33 @@ def run_torchrun(args: Any) -> int:
     """The suite on the ranks torchrun started: every rank runs every case; rank 0 reports; all exit alike."""
     import json
     import signal
+    import warnings
 
     from .check import check
     from .report import make_console
     from .run.torchrun import TorchrunExecutor
     from .spec.plan import Plan
 
-    import warnings
-
     # torchrun stops the other ranks with SIGTERM when one fails; a rank stuck in a C++ wait never returns
     # to Python to run a handler, so let the default action end it at once.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     warnings.simplefilter("ignore")  # torch's deprecation chatter, once per rank, would bury the report
     report: NightlyReport | None = None
-    cases: list = []
+    cases: list[Case] = []
 
     def on_hang(work: Any, record: Any) -> None:
-        name = next((f"{s} {n}" for s, n, p, _ in cases if p == work.plan), "plan")
-        hang_report(executor, args, report, name, work, record)
+        case = next((c for c in cases if c.plan == work.plan), Case("plan", "plan", work.plan, work.deadline))
+        hang_report(executor, args, report, case, work, record)
 
     executor = TorchrunExecutor(args.backend, on_hang)
     report = NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
-    raw = executor.share("suite", lambda: json.dumps([(s, n, p.to_dict(), d)
-                                                      for s, n, p, d in _suite(args, executor.world,
-                                                                              executor.platform.device)]))
-    cases.extend((s, n, Plan.from_dict(p), d) for s, n, p, d in json.loads(raw))
-    for suite, name, plan, deadline in cases:
-        result = check(executor, plan, deadline)
+    raw = executor.share("suite", lambda: json.dumps([c.to_json() for c in
+                                                      _suite(args, executor.world, executor.platform.device)]))
+    cases.extend(Case.from_json(c, Plan.from_dict) for c in json.loads(raw))
+    for case in cases:
+        verdict = check(executor, case.plan, case.deadline)
         if executor.rank == 0:
-            report.items.append(_result_item(suite, name, result))
+            report.items.append(case.item(verdict))
     code = 0
     if executor.rank == 0:
         missing = suite_scenarios(args.scenarios, executor.world)[1]
@@ -280,12 +278,36 @@ def run_torchrun(args: Any) -> int:
     return executor.close(code)
 
 
-def _suite(args: Any, world: int, device: str) -> list[tuple[str, str, Any, float]]:
-    cases = []
-    for sc in suite_scenarios(args.scenarios, world)[0]:
-        cases.append(("scenario", sc.name, sc.plan, sc.deadline))
+@dataclass
+class Case:
+    """One case of the suite under torchrun: a plan, its deadline, and the scenario file it comes from (whose
+    [expect] judges it, as `meshsim run` does) or none (a fuzz plan must agree with the model)."""
+
+    suite: str
+    name: str
+    plan: Any
+    deadline: float
+    scenario: str | None = None
+
+    def to_json(self) -> dict:
+        return {"suite": self.suite, "name": self.name, "plan": self.plan.to_dict(), "deadline": self.deadline,
+                "scenario": self.scenario}
+
+    @classmethod
+    def from_json(cls, data: dict, plan_from: Any) -> Case:
+        return cls(data["suite"], data["name"], plan_from(data["plan"]), data["deadline"], data["scenario"])
+
+    def item(self, verdict: Any) -> Item:
+        if self.scenario is not None:
+            return scenario_item(load(self.scenario), verdict)
+        return _result_item(self.suite, self.name, verdict)
+
+
+def _suite(args: Any, world: int, device: str) -> list[Case]:
+    cases = [Case("scenario", sc.name, sc.plan, sc.deadline, sc.path)
+             for sc in suite_scenarios(args.scenarios, world)[0]]
     for index, plan in enumerate(draw_plans(world, args.examples, args.seed, device)):
-        cases.append(("fuzz", f"fuzz seed {args.seed} #{index}", plan, args.deadline))
+        cases.append(Case("fuzz", f"fuzz seed {args.seed} #{index}", plan, args.deadline))
     return cases
 
 
@@ -294,24 +316,25 @@ def _result_item(suite: str, name: str, result: Any) -> Item:
 
     detail = result.outcome if result.passed else render_text(result)
     return Item(suite, name, result.passed, result.record.elapsed, detail,
-                {"outcome": result.outcome, "findings": sorted(result.findings)})
+                {"outcome": result.outcome, "findings": sorted(result.findings),
+                 "diagnosis": result.diagnosis.to_json() if result.diagnosis is not None else None})
 
 
-def hang_report(executor: Any, args: Any, report: Any, name: str, work: Any, record: Any) -> None:
-    """A plan under torchrun ran past its deadline: diagnose it, print it, and write the report so far."""
+def hang_report(executor: Any, args: Any, report: Any, case: Case, work: Any, record: Any) -> None:
+    """A plan under torchrun ran past its deadline: judge it as any run is judged, print it, and write the report
+    so far (every rank exits after this)."""
     from .check import prediction_for
-    from .judge.diagnose import diagnose
-    from .report import make_console, render_diagnosis
+    from .judge.verdict import judge
+    from .report import make_console, render_verdict
 
-    diagnosis = diagnose(record, work.plan, prediction_for(work.plan, executor.world, work.deadline, executor.platform))
+    prediction = prediction_for(work.plan, executor.world, work.deadline, executor.platform)
+    verdict = judge(record, "plan", work.plan, prediction)
     console = make_console()
-    console.print(f"{name}: hang past its {work.deadline:g} s deadline (reported by rank {executor.rank})",
-                  style="bold red", markup=False, highlight=False)
-    render_diagnosis(diagnosis, console)
+    console.print(f"{case.suite} {case.name}: hang past its {work.deadline:g} s deadline (reported by rank "
+                  f"{executor.rank})", style="bold red", markup=False, highlight=False)
+    render_verdict(verdict, console)
     report = report or NightlyReport(str(executor.topology), executor.backend, args.seed, mode="torchrun")
-    suite, _, case = name.partition(" ")
-    report.items.append(Item(suite, case, False, work.deadline, f"hang: {diagnosis.summary}",
-                             {"outcome": HANG, "diagnosis": diagnosis.to_json()}))
+    report.items.append(case.item(verdict))
     if executor.rank == 0:
         render(report, console)
     write_outputs(report, args.json_out, args.junit)

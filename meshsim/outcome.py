@@ -6,7 +6,7 @@ facts, never about the rule.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .wire import DIED, RAISED
 

@@ -9,18 +9,21 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
+from .judge.blame import blame
 from .model import layout as L
 from .model.dtensor import DTensorModel
 from .model.expect import Err, ModelRaise, Quirk
 from .model.mesh import Call, Group, MeshModel, RankModel, summary
 from .ops import operation_of
-from .outcome import ERROR, PASS, UNDEFINED, blame, outcome_of
+from .outcome import ERROR, PASS, UNDEFINED, outcome_of
+from .record import RankState, RunRecord
 from .spec.plan import Plan, Step
 from .spec.platform import CPU, Platform
-from .wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED
+from .wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED, STUCK, CallBegun
 
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
@@ -33,6 +36,7 @@ class RankPrediction:
     end: str = FINISHED  # FINISHED | RAISED | DIED
     end_step: int | None = None
     calls: list[Call] = field(default_factory=list)
+    meshes: list[tuple] = field(default_factory=list)  # what torch's progress reports as MeshBuilt
     slept: float = 0.0
 
 
@@ -55,10 +59,17 @@ class Prediction:
     undefined_from: int | None = None  # from this step on, other ranks' observations are not predictable
     undefined_finding: str | None = None  # ... because of this finding (None: because a rank died)
     model_error: str | None = None  # the model failed on this plan: it predicts nothing
-
+    model_error_step: int | None = None  # ... at this step
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
+
+    def as_record(self, deadline: float, tier: str = "model") -> RunRecord:
+        """The run the model predicts, as the record an executor would return: every rank's observations as torch
+        is predicted to report them, and the stuck ranks in the calls the model says they wait in, with every
+        rank's calls on every group (the judge's culprit rule reads those)."""
+        states = _states(self, with_calls=bool(self.stuck))
+        return RunRecord(self.world, deadline, states, 0.0, bool(self.stuck), tier=tier)
 
 
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
@@ -75,10 +86,13 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
     stuck, mismatched = simulate(preds)
     late = [p.rank for p in preds if deadline is not None and p.slept >= deadline]
     outcome = outcome_of((p.end for p in preds), hung=bool(stuck or late))
-    culprits = [] if outcome == PASS else blame(
-        dead=[p.rank for p in preds if p.end == DIED], raised=[p.rank for p in preds if p.end not in (FINISHED, DIED)],
-        late=late, divergent=divergent_ranks(plan, world), waited_for=[m for s in stuck for m in s.missing])
-    prediction = Prediction(world, preds, outcome, stuck, mismatched, culprits, findings)
+    prediction = Prediction(world, preds, outcome, stuck, mismatched, [], findings)
+    if outcome != PASS:
+        record = prediction.as_record(deadline or 0.0)
+        for rank in late:  # a sleep past the deadline: a straggler outside any collective
+            record.states[rank].end, record.states[rank].done = STUCK, False
+        sizes = [r for _, odd in mismatched for r in odd]
+        prediction.culprits = blame(record, divergent_ranks(plan, world), sizes).culprits
     stuck_ranks = {s.rank for s in stuck}
     if any(s.call.kind == "create" for s in stuck) and any(
             p.end == FINISHED and p.rank not in stuck_ranks for p in preds):
@@ -137,11 +151,22 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+class ModelFailure(Exception):
+    """The model itself failed (its own bug, or a case it does not cover) at one step of the plan."""
+
+    def __init__(self, step: int, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.step, self.cause = step, cause
+
+
 def unpredictable(plan: Plan, world: int, exc: BaseException) -> Prediction:
-    """What stands for a prediction when the model fails on a plan: it says so, and judges nothing."""
+    """What stands for a prediction when the model fails on a plan: it says so, at the step it failed at, and
+    judges nothing."""
     ranks = [RankPrediction(r, [SKIPPED] * len(plan.steps)) for r in range(world)]
-    message = f"the model cannot predict this plan: {type(exc).__name__}: {exc}"
-    return Prediction(world, ranks, UNDEFINED, [], [], [], set(), model_error=message)
+    step = exc.step if isinstance(exc, ModelFailure) else None
+    cause = exc.cause if isinstance(exc, ModelFailure) else exc
+    message = f"the model cannot predict this plan: {type(cause).__name__}: {cause}"
+    return Prediction(world, ranks, UNDEFINED, [], [], [], set(), model_error=message, model_error_step=step)
 
 
 def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
@@ -218,7 +243,7 @@ def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> Ra
             pred.observations.append(SKIPPED)
             continue
         pred.observations.append(observe_step(run, st, st.args_for(rank), index))
-    pred.calls = run.model.calls
+    pred.calls, pred.meshes = run.model.calls, run.model.meshes
     return run
 
 
@@ -231,6 +256,8 @@ def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
         if st.out:
             run.handles.pop(st.out, None)
         return exc.err
+    except Exception as exc:  # the model's own failure, or a case it does not cover: say at which step
+        raise ModelFailure(index, exc) from exc
     if st.out is not None:
         run.handles[st.out] = value
     return _shape_result(run, value)
@@ -322,3 +349,55 @@ def divergent_ranks(plan: Plan, world: int) -> set[int]:
         else:
             culprits |= odd | runs
     return culprits
+
+
+def _states(prediction: Prediction, with_calls: bool) -> list[RankState]:
+    seen: dict[int, Any] = {}
+    states = []
+    for pred in prediction.ranks:
+        state = RankState(pred.rank, observations=[_as_observed(o, seen) for o in pred.observations],
+                          end=pred.end, end_step=pred.end_step, done=True)
+        if pred.end == DIED:
+            state.exitcode = 1
+        if with_calls:
+            state.meshes = list(pred.meshes)
+            for call in pred.calls:
+                state.on_event(_call_begun(call))
+            state.call = None
+        states.append(state)
+    for stuck in prediction.stuck:
+        state = states[stuck.rank]
+        state.end, state.done, state.step = STUCK, False, stuck.call.step
+        state.call = _call_begun(stuck.call)
+    return states
+
+
+def _call_begun(call: Call) -> CallBegun:
+    """A model call as the progress message a rank would have sent before it: its group named by the group's
+    creation counter (or "world"), its position on that group, and its step as the site."""
+    if call.kind == "create":
+        return CallBegun("new_group", tuple(call.members), str(call.key[0]), 0, None, None)
+    return CallBegun(call.kind, tuple(call.members), str(call.key[0]), call.key[-1], None, call.step)
+
+
+def _as_observed(value: Any, seen: dict[int, Any]) -> Any:
+    """A predicted value as torch would have reported it. Values without a Quirk or an Err come back as the same
+    object (the verdict then compares by identity: a 100,000-rank view is not walked once per rank)."""
+    if isinstance(value, Quirk):
+        return _as_observed(value.right if value.torch == UNDEFINED else value.torch, seen)
+    if isinstance(value, Err):
+        return {"error": [value.type or "Exception", value.match]}
+    if not isinstance(value, (list, dict)):
+        return value
+    hit = seen.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    if isinstance(value, list):
+        parts = [_as_observed(v, seen) for v in value] if value and isinstance(value[0], (list, dict, Quirk, Err)) \
+            else value
+        out: Any = value if parts is value or all(a is b for a, b in zip(parts, value)) else parts
+    else:
+        items = {k: _as_observed(v, seen) for k, v in value.items()}
+        out = value if all(items[k] is v for k, v in value.items()) else items
+    seen[id(value)] = (value, out)
+    return out

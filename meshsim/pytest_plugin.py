@@ -12,7 +12,8 @@ Fixtures:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -39,11 +40,11 @@ class ClusterPool:
 
     def __init__(self, deadline: float):
         self.deadline = deadline
-        self.clusters: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
+        self.clusters: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.pinned: set[tuple[str, str]] = set()  # held for the whole session (meshsim_cluster): never closed
 
     def get(self, topology: str = "2x4", backend: str = "gloo", pin: bool = False) -> Any:
-        from .run import Cluster
+        from .cluster import Cluster
         from .spec.topology import Topology
 
         key = (topology, backend)
@@ -97,14 +98,19 @@ class Helper:
 
         check_property(self.cluster, strategy, max_examples=max_examples, deadline=self.deadline, **kwargs)
 
-    def run_fn(self, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
-        return self.cluster.run_fn(fn, *args, deadline=deadline or self.deadline, **kwargs)
+    def run_fn(self, fn: Callable, *args: Any, deadline: float | None = None, check: bool = True,
+               **kwargs: Any) -> Any:
+        """fn on every rank; with check=True (the default) a run that does not pass fails the test with the whole
+        report, whether or not the test reads the values."""
+        result = self.cluster.run_fn(fn, *args, deadline=deadline or self.deadline, **kwargs)
+        return result.raise_for_outcome() if check else result
 
     def launch(self, script: str, args: list[str] | tuple = (), deadline: float | None = None,
                module: bool = False, check: bool = True) -> Any:
         """Your own torchrun script on this test's topology (simulated GPUs when the machine has too few); with
         check=True a failed or hung launch fails the test with the whole report (tracebacks, diagnosis, groups)."""
-        from .launcher import LAUNCH_S, launch
+        from .deadlines import LAUNCH_S
+        from .launcher import launch
 
         result = launch(script, self.cluster.topology, args, deadline=deadline or self.deadline or LAUNCH_S,
                         module=module)

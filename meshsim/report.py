@@ -1,8 +1,11 @@
-"""Human-readable reports (rich) of results, differences, findings and hang diagnoses."""
+"""The one report: every verdict (plan, function, script, replay) rendered the same way with rich, as text for
+terminals, logs and assertion messages."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +15,7 @@ from rich.text import Text
 from . import findings as F
 from .model import to_json
 from .outcome import CRASH, ERROR, HANG, MISMATCH, PASS
+from .ranks import ranks_text
 
 MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
@@ -22,6 +26,8 @@ def make_console(stderr: bool = False) -> Console:
     if not console.is_terminal:
         console = Console(stderr=stderr, width=LOG_WIDTH)
     return console
+
+
 OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}
 
 
@@ -30,49 +36,233 @@ def short(value: Any, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def ranks_text(ranks: list[int]) -> str:
-    """[0,1,2,3,5] -> '0-3,5'."""
-    ranks = sorted(set(ranks))
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(parts)
-
-
-def render_result(result: Any, console: Console, title: str = "", show_plan: bool = True) -> None:
-    style = OUTCOME_STYLE.get(result.outcome, "white")
-    verdict = "agrees with the model" if result.passed else "DISAGREES with the model"
-    expected = result.expected if isinstance(result.expected, str) else f"{result.expected.right} (torch: {result.expected.torch})"
-    head = Text.assemble((title + " " if title else ""), (result.outcome.upper(), f"bold {style}"),
-                         f"  expected {expected}; {verdict}  ", (f"[{result.record.elapsed:.2f} s]", "dim"))
-    console.print(head)
-    for note in result.notes:
+def render_verdict(verdict: Any, console: Console, title: str = "", show_plan: bool = True, stacks: bool = True,
+                   groups: bool = False) -> None:
+    """Any verdict, the one way: its headline, what differs from the model, the findings, the errors and their
+    tracebacks, the hang diagnosis with its stacks, the process groups a script made, and what the ranks printed."""
+    if verdict.work == "script":
+        _script_head(verdict, console)
+    else:
+        _head(verdict, console, title)
+    for note in verdict.notes:
         console.print(f"   note: {note}", style="dim", markup=False, highlight=False)
-    if show_plan and (result.differences or not result.passed):
-        for line in result.plan.describe():
+    if verdict.plan is not None and show_plan and (verdict.differences or not verdict.passed):
+        for line in verdict.plan.describe():
             console.print(f"   {line}", style="dim", markup=False, highlight=False)
-    if result.differences:
-        render_differences(result.differences, console)
-    if result.findings:
-        render_findings(result.findings, console)
-    if result.diagnosis is not None:
-        render_diagnosis(result.diagnosis, console)
-    if not result.passed:
-        render_output(result.record.states, console)
+    if verdict.differences:
+        render_differences(verdict.differences, console)
+    if verdict.findings:
+        render_findings(verdict.findings, console)
+    if verdict.work == "function":
+        _function_errors(verdict, console)
+    if verdict.work == "script":
+        _script_errors(verdict, console)
+    if verdict.diagnosis is not None:
+        render_diagnosis(verdict.diagnosis, console, stacks=stacks)
+        if verdict.work == "script":
+            _where_in_script(verdict, console)
+    if verdict.work == "script" and (groups or not verdict.passed):
+        render_groups(verdict, console)
+    if not verdict.passed and verdict.work != "script":  # a script's output was shown live
+        render_output(verdict.record.states, console)
+
+
+render_result = render_verdict  # the name 0.2 had
+
+
+def verdict_text(verdict: Any, width: int = 160) -> str:
+    import io
+
+    buffer = io.StringIO()
+    render_verdict(verdict, Console(file=buffer, width=width, color_system=None, force_terminal=False),
+                   groups=True)
+    return buffer.getvalue()
+
+
+def verdict_summary(verdict: Any) -> str:
+    """One line (and a line per failing group of ranks): the outcome, who failed how, the diagnosis."""
+    if verdict.passed:
+        return f"{verdict.outcome} on {verdict.world} ranks in {verdict.elapsed:.2f} s"
+    lines = [f"{verdict.outcome} after {verdict.elapsed:.2f} s"]
+    if verdict.work == "function":
+        for ranks, error in _grouped_errors(verdict.results):
+            lines.append(f"  ranks {ranks}: {error}")
+    if verdict.diagnosis is not None:
+        lines.append("  " + verdict.diagnosis.summary)
+    return "\n".join(lines)
+
+
+def _head(verdict: Any, console: Console, title: str) -> None:
+    style = OUTCOME_STYLE.get(verdict.outcome, "white")
+    if verdict.work == "plan":
+        agrees = "agrees with the model" if verdict.passed else "DISAGREES with the model"
+        expected = verdict.expected if isinstance(verdict.expected, str) else \
+            f"{verdict.expected.right} (torch: {verdict.expected.torch})"
+        said = f"  expected {expected}; {agrees}  "
+    else:
+        said = f"  {verdict.work} on {verdict.world} ranks  "
+    console.print(Text.assemble((title + " " if title else ""), (verdict.outcome.upper(), f"bold {style}"), said,
+                                (f"[{verdict.elapsed:.2f} s]", "dim")))
 
 
 def render_output(states: list, console: Console) -> None:
     """What the ranks printed, each line prefixed with its rank (shown with every failure)."""
-    from .functions import rank_output
-
-    text = rank_output(states)
+    text = "".join(f"[rank{s.rank}]: {line}\n" for s in states for line in s.output.splitlines())
     if text.strip():
         console.print("Rank output:", style="bold")
         console.print(text.rstrip(), markup=False, highlight=False, style="dim")
+
+
+# --------------------------------------------------------------------------------------------- user functions
+
+
+def _function_errors(verdict: Any, console: Console) -> None:
+    for ranks, error in _grouped_errors(verdict.results):
+        console.print(f"ranks {ranks}: {error}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+    tracebacks: dict[str, list[int]] = {}
+    for r in verdict.results:
+        if r.traceback:
+            tracebacks.setdefault(r.traceback, []).append(r.rank)
+    for text, ranks in tracebacks.items():
+        console.print(f"  traceback of ranks {ranks_text(ranks)}:\n    " + text.strip().replace("\n", "\n    "),
+                      style="dim", markup=False, highlight=False)
+
+
+def _grouped_errors(results: list) -> list[tuple[str, str]]:
+    groups: dict[str, list[int]] = {}
+    for r in results:
+        if not r.ok and r.error is not None:
+            groups.setdefault(explain_error(r.error), []).append(r.rank)
+    return [(ranks_text(ranks), text) for text, ranks in groups.items()]
+
+
+def explain_error(error: Any) -> str:
+    """An error in words, with what to do about the classic trap of functions pickled by value."""
+    text = repr(error)
+    if isinstance(error, NameError):
+        found = re.search(r"name '([^']+)' is not defined", str(error))  # .name does not survive pickling
+        name = found.group(1) if found else str(error)
+        text += (f" -- the name {name!r} does not exist on the ranks. run_fn sends your function by value, so the "
+                 "globals it uses must exist in the ranks' processes too; a name imported or defined under "
+                 "`if __name__ == \"__main__\":` exists only in your own process. Import it inside the function, "
+                 "or at the top of its module.")
+    return text
+
+
+# --------------------------------------------------------------------------------------------- scripts
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _script_head(verdict: Any, console: Console) -> None:
+    head = {PASS: "all ranks exited 0"}.get(verdict.outcome, verdict.outcome)
+    console.print(f"meshsim launch {os.path.basename(verdict.script)} on {verdict.topology} "
+                  f"({verdict.elapsed:.2f} s): {head}", markup=False, highlight=False)
+    if not verdict.passed:
+        codes = ", ".join(f"{r}:{c}" for r, c in enumerate(verdict.exit_codes))
+        console.print(f"  exit codes by rank: {codes}", markup=False, highlight=False)
+
+
+def _script_errors(verdict: Any, console: Console) -> None:
+    for ranks, key, text in grouped_tracebacks(verdict):
+        console.print(f"ranks {ranks_text(ranks)}: {key}", style="bold red", markup=False, highlight=False)
+        console.print("  " + text.strip().replace("\n", "\n  "), style="dim", markup=False, highlight=False)
+
+
+def _where_in_script(verdict: Any, console: Console) -> None:
+    for rank, stack in sorted(verdict.record.stacks.items()):
+        at = where_in_script(stack, verdict.script)
+        if at:
+            console.print(f"  rank {rank} is at {at}", markup=False, highlight=False)
+
+
+def where_in_script(stack: str, script: str) -> str | None:
+    """The innermost frame of the user's code in a faulthandler stack: "train.py:42 (in step)"."""
+    base = os.path.dirname(script) if os.path.isfile(script) else None
+    for match in _FRAME.finditer(stack):  # most recent call first
+        path = match.group("file")
+        if path == script or (base and path.startswith(base + os.sep) and "site-packages" not in path):
+            return f"{os.path.basename(path)}:{match.group('line')} (in {match.group('func')})"
+    return None
+
+
+def grouped_tracebacks(verdict: Any) -> list[tuple[list[int], str, str]]:
+    """Identical failures merged: (ranks, "RuntimeError: ... at 2d_setup.py:13", the traceback from the script on).
+
+    Failures are the same when their exception type, place in the script and message agree but for numbers
+    (rank 4 and rank 5 failing on "device 4" and "device 5" are one failure).
+    """
+    groups: dict[str, tuple[list[int], str, str]] = {}
+    for rank, text in enumerate(verdict.tracebacks):
+        if not text:
+            continue
+        text = _from_script_on(text, verdict.script)
+        headline = error_line(text)
+        at = _script_line(text, verdict.script)
+        title = f"{headline} at {at}" if at else headline
+        key = re.sub(r"\d+", "N", title)
+        groups.setdefault(key, ([], title, text))[0].append(rank)
+    return [(ranks, title, text) for ranks, title, text in groups.values()]
+
+
+def error_line(traceback_text: str) -> str:
+    """The exception's own "Type: message" line of a traceback. Its last line is not it when the message spans
+    lines, or when a chained exception or a note follows."""
+    lines = [line.rstrip() for line in traceback_text.strip().splitlines()]
+    last_frame = max((i for i, line in enumerate(lines) if line.lstrip().startswith('File "')), default=-1)
+    for line in lines[last_frame + 1:]:
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning|Failed|Failure)\b.*", line) or \
+                re.match(r"^[A-Za-z_][\w.]*: ", line):
+            return line.strip()
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
+def _script_line(text: str, script: str) -> str | None:
+    """The last place in the user's script that the traceback passes (where the failure started for them)."""
+    found = [m for m in re.finditer(r'File "([^"]+)", line (\d+)', text) if m.group(1) == script]
+    return f"{os.path.basename(script)}:{found[-1].group(2)}" if found else None
+
+
+def _from_script_on(text: str, script: str) -> str:
+    """A traceback without meshsim's and runpy's frames above the script's first one."""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if f'File "{script}"' in line), None)
+    if first is None:
+        return text
+    return "\n".join(lines[:1] + lines[first:])
+
+
+def group_map(record: Any, topology: Any) -> tuple[list[tuple], list[str]]:
+    """Every process group the run made: (name, ranks, hosts, what made it); and ranks left out of a kind."""
+    groups: dict[str, tuple[tuple[int, ...], str]] = {}
+    for state in record.states:
+        for name, ranks in state.created.items():
+            kind = state.created_as.get(name, "new_group")
+            groups.setdefault(name, (ranks, kind))
+    rows = []
+    for name, (ranks, kind) in sorted(groups.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+        hosts = sorted({topology.host_of(r) for r in ranks})
+        rows.append((name, list(ranks), hosts, kind))
+    notes = []
+    for kind in dict.fromkeys(kind for *_, kind in rows):
+        members = {r for _, ranks, _, k in rows if k == kind for r in ranks}
+        left = sorted(set(range(topology.world)) - members)
+        if left and members:
+            notes.append(f"ranks {ranks_text(left)} are in none of the groups made by {kind} (others are)")
+    return rows, notes
+
+
+def render_groups(verdict: Any, console: Console) -> None:
+    rows, notes = group_map(verdict.record, verdict.topology)
+    table = Table(title="Process groups the script created", title_justify="left")
+    for col in ("group", "ranks", "hosts", "made by"):
+        table.add_column(col)
+    for name, ranks, hosts, kind in rows:
+        table.add_row(name, ranks_text(ranks), ",".join(map(str, hosts)), kind)
+    if rows:
+        console.print(table)
+    for note in notes:
+        console.print(f"  {note}", style="yellow", markup=False, highlight=False)
 
 
 def render_differences(differences: list, console: Console) -> None:
@@ -105,7 +295,7 @@ def render_findings(hits: dict, console: Console) -> None:
 def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> None:
     console.print(Text.assemble(("Diagnosis: ", "bold"), (diagnosis.kind, "bold yellow"), " — culprit ranks ",
                                 (ranks_text(diagnosis.culprits) or "none identified", "bold")))
-    console.print(f"  {diagnosis.summary}", markup=False, highlight=False)
+    console.print(f"  {diagnosis.summary}", markup=False, highlight=False, soft_wrap=True)
     if diagnosis.waits:
         table = Table(title="Waiting ranks", title_justify="left")
         for col in ("rank", "step", "op", "call", "group", "mesh", "dim", "group coord", "missing"):

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
 from . import deadlines
+from .errors import InputError
 from .judge.diagnose import KINDS
-from .outcome import OUTCOMES, PASS
 from .ops import validate
+from .outcome import OUTCOMES, PASS
 from .spec.plan import Plan, PlanError
 from .spec.topology import Topology, TopologyError
 
@@ -22,7 +23,7 @@ EXPECT_KEYS = ("outcome", "culprit_ranks", "kind", "mesh_dim", "findings")
 TOP_KEYS = ("name", "description", "deadline", "topology", "step", "expect")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """A scenario file that cannot be run; the message names the file and the problem."""
 
 
@@ -182,4 +183,39 @@ def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
     for fid in expect.findings:
         if fid not in result.findings:
             problems.append(f"finding {fid} was expected and not seen")
+    if problems:
+        problems.extend(_unmeant_errors(scenario, result))
     return ScenarioRun(scenario, result, problems)
+
+
+def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:
+    """Steps that raise on some rank although the file does not say it means them to (expect_error): in a
+    hand-written scenario that is most often a typo (a misspelt dim name, a handle), and it explains why the run
+    ended otherwise than expected."""
+    from .model import torch_side
+    from .wire import is_error
+
+    prediction = result.prediction
+    if prediction is None or prediction.model_error is not None:
+        return []
+    out = []
+    for index, st in enumerate(scenario.plan.steps):
+        if st.expect_error:
+            continue
+        raised: dict[str, list[int]] = {}
+        for rank in range(scenario.topology.world):
+            value = _as_json(torch_side(prediction.expected(rank, index)))
+            if is_error(value):
+                raised.setdefault(f"{value['error'][0]}: {value['error'][1]}", []).append(rank)
+        for error, ranks in list(raised.items())[:1]:
+            from .ranks import ranks_text
+
+            out.append(f"step {index} ({st.op}) raises {error!r} on ranks {ranks_text(ranks)}, and the file does "
+                       "not say it means that (expect_error = true): a misspelt name or handle?")
+    return out
+
+
+def _as_json(value: Any) -> Any:
+    from .model import to_json
+
+    return to_json(value)

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from .model import dtensor as D
 from .model.mesh import MeshModel
-from .predict import RankRun, observe_step
 from .ops import OPERATIONS, of_role, rarely
 from .ops.dtensor import redistribute_targets, usable
 from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
+from .predict import RankRun, observe_step
 from .spec.plan import Plan, Step, step
 from .spec.topology import Topology
 

@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from rich.console import Console
+from .judge.verdict import Failed, Verdict
+from .report import verdict_text
 
-from .report import render_result
-
-
-def render_text(result: Any, title: str = "", width: int = 160) -> str:
-    buffer = io.StringIO()
-    render_result(result, Console(file=buffer, width=width, color_system=None, force_terminal=False), title=title)
-    return buffer.getvalue()
+Disagreement = Failed  # torch did not do what the model says (the message is the full report)
 
 
-class Disagreement(AssertionError):
-    """torch did not do what the model says (the message is the full report)."""
-
-    def __init__(self, result: Any):
-        super().__init__("\n" + render_text(result))
-        self.result = result
+def render_text(verdict: Verdict, title: str = "", width: int = 160) -> str:
+    return verdict_text(verdict, width=width)
 
 
-def assert_agrees(cluster: Any, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
-    """Run `plan` on every rank; raise Disagreement with the report unless torch agrees with the model."""
-    result = cluster.run(plan, deadline=deadline)
-    result.strict = strict
-    if not result.passed:
-        raise Disagreement(result)
-    return result
+def assert_agrees(cluster: Any, plan: Any, deadline: float | None = None, strict: bool = False) -> Verdict:
+    """Run `plan` on every rank; raise Failed with the report unless torch agrees with the model."""
+    result = cluster.run(plan, deadline=deadline, strict=strict)
+    return result.raise_for_outcome()
 
 
 def check_property(cluster: Any, strategy: Any = None, max_examples: int = 50, deadline: float | None = None,
@@ -41,10 +29,9 @@ def check_property(cluster: Any, strategy: Any = None, max_examples: int = 50, d
     """
     from hypothesis import HealthCheck, given, settings
 
-    from .check import platform_of
     from .strategies import plans
 
-    strategy = strategy if strategy is not None else plans(cluster.world, device=platform_of(cluster).device)
+    strategy = strategy if strategy is not None else plans(cluster.world, device=cluster.platform.device)
 
     @settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow],
               **settings_kwargs)
@@ -74,8 +61,3 @@ def check_property_over_topologies(get_cluster: Callable[[Any], Any], topologies
         assert_agrees(get_cluster(topology), plan, deadline=deadline, strict=strict)
 
     torch_agrees_with_model_on_every_topology()
-
-
-def run_on_every_rank(cluster: Any, fn: Callable, *args: Any, deadline: float | None = None, **kwargs: Any) -> list:
-    """fn(*args, **kwargs) on every rank; its per-rank return values, or AssertionError with a diagnosis."""
-    return cluster.run_fn(fn, *args, deadline=deadline, **kwargs).values

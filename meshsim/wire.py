@@ -7,7 +7,8 @@ refuses any type it does not know, so a message nobody reads cannot pass silentl
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 # ------------------------------------------------------------------------------------------ observations
 
@@ -129,10 +130,11 @@ class CallBegun(NamedTuple):
     group: str
     seq: int
     context: tuple | None  # (mesh handle or label, dim[, group coordinate]) when known
+    site: str | None = None  # where in the user's code ("train.py:42"); None inside a plan (its step says)
 
 
 class CallReturned(NamedTuple):
-    pass
+    error: str | None = None  # the call raised this ("RuntimeError: Connection closed by peer")
 
 
 class Batch(NamedTuple):

@@ -30,3 +30,41 @@ def test_explain_rejects_a_rank_outside_the_world(capsys):
     path = os.path.join(ROOT, "scenarios", "01-recipe-2d-mesh.toml")
     assert cli.main(["explain", path, "--rank", "9"]) == 2
     assert "rank 9 is not in the world" in capsys.readouterr().err
+
+
+def test_the_plain_ops_table_keeps_every_bracket_of_the_docs(capsys):
+    assert cli.main(["ops"]) == 0
+    out = capsys.readouterr().out
+    assert "src[names] (as_list: src[[names...]]" in out  # rich read "[[names...]]" as markup and ate it
+
+
+def test_a_log_dir_that_cannot_be_written_is_exit_2_in_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    script = os.path.join(ROOT, "tests", "launch_scripts", "exits.py")
+    assert cli.main(["launch", "--log-dir", str(blocker / "logs"), script]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--log-dir" in err[0] and "Traceback" not in err[0]
+
+
+def test_a_launch_too_large_for_one_machine_says_so_without_options_launch_does_not_have(capsys):
+    script = os.path.join(ROOT, "tests", "launch_scripts", "exits.py")
+    assert cli.main(["launch", "--nnodes", "20", "--nproc-per-node", "8", script]) == 2
+    err = capsys.readouterr().err
+    assert "at most 64" in err and "--tier" not in err
+
+
+def test_a_sample_larger_than_the_world_is_refused(capsys):
+    assert cli.main(["fuzz", "--tier", "fake", "--ranks", "100", "--examples", "1"]) == 2
+    assert "--ranks 100 is more than the 8 ranks" in capsys.readouterr().err
+
+
+def test_a_scenario_that_ends_otherwise_names_the_step_whose_name_is_misspelt(tmp_path, capsys):
+    path = tmp_path / "typo.toml"
+    path.write_text('[topology]\nhosts = 1\ndevices_per_host = 2\n'
+                    '[[step]]\nop = "init_device_mesh"\nshape = [2]\nnames = ["tp"]\nout = "m"\n'
+                    '[[step]]\nop = "all_reduce"\nmesh = "m"\ndim = "tpp"\nskip_on = [1]\n'
+                    '[expect]\noutcome = "hang"\n')
+    assert cli.main(["run", str(path), "--tier", "model"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step 1 (all_reduce) raises" in out and "tpp" in out and "misspelt" in out

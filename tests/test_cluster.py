@@ -10,8 +10,7 @@ import time
 import pytest
 from helpers import alive
 
-from meshsim import Plan, Topology, step
-from meshsim.run import Cluster, ClusterError
+from meshsim import Cluster, ClusterError, Plan, Topology, step
 from meshsim.testing import assert_agrees
 
 S = step
@@ -125,9 +124,8 @@ def test_groups_a_plan_made_are_destroyed_before_the_next(meshsim_cluster):
 def test_a_rank_building_another_shape_ends_as_a_bounded_hang_naming_it(meshsim_cluster):
     plan = Plan((S("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m", on_rank={3: {"shape": [4, 2]}}),
                  S("check", mesh="m")))
-    started = time.monotonic()
     result = meshsim_cluster.run(plan, deadline=3)
-    assert time.monotonic() - started < 3 + 2
+    assert result.record.stopped == "deadline" and result.record.deadline == 3
     assert result.outcome == "hang" and result.passed  # the model predicted the hang
     assert result.diagnosis.kind == "inconsistent mesh across ranks" and result.culprits == [3]
     assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))  # fresh workers serve the next plan
@@ -145,9 +143,8 @@ def test_a_skipped_subgroup_all_reduce_names_rank_collective_group_and_dim(meshs
 
 def test_a_rank_that_dies_ends_the_run_as_a_crash_well_before_the_deadline(meshsim_cluster):
     plan = Plan((M2, S("kill", only_on=[2]), S("check", mesh="m")))
-    started = time.monotonic()
-    result = meshsim_cluster.run(plan, deadline=20)
-    assert time.monotonic() - started < 5
+    result = meshsim_cluster.run(plan, deadline=60)
+    assert result.record.stopped == "failure"  # a grace after the death, not the deadline
     assert result.outcome == "crash" and result.passed and result.culprits == [2]
 
 
@@ -251,7 +248,7 @@ def test_no_worker_outlives_a_controller_killed_with_sigkill(tmp_path):
     script.write_text(textwrap.dedent("""
         import sys, time
         from meshsim import Topology
-        from meshsim.run import Cluster
+        from meshsim import Cluster
         if __name__ == "__main__":
             cluster = Cluster(Topology(1, 2), deadline=10).start()
             print(" ".join(map(str, cluster.pids)), flush=True)
@@ -262,8 +259,8 @@ def test_no_worker_outlives_a_controller_killed_with_sigkill(tmp_path):
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        deadline = time.monotonic() + 10
+        proc.wait(30)
+        deadline = time.monotonic() + 120  # a bound on the wait, not a timing claim: the kernel kills them at once
         while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(alive(p) for p in pids)

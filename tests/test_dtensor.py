@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from meshsim import Plan, step
 from meshsim.model import dtensor as D
 from meshsim.model.expect import Quirk
+from meshsim.ops import validate
 from meshsim.predict import predict
 from meshsim.spec.fields import PlanError
-from meshsim.ops import validate
 from meshsim.strategies import DTENSOR_COMPOSITIONS, _Builder, plans
 from meshsim.testing import assert_agrees
 

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from meshsim import Topology
-from meshsim.run import Cluster
+from meshsim import Cluster, Topology
 from meshsim.fuzz import fuzz
 from meshsim.scenario import load
 from meshsim.testing import check_property, check_property_over_topologies

@@ -9,7 +9,7 @@ from hypothesis import Phase, given, settings
 from meshsim import Plan, step
 from meshsim.check import check
 from meshsim.ops import OPERATIONS, PARTS, operation
-from meshsim.run.record import RankState
+from meshsim.record import RankState
 from meshsim.spec import fields as F
 from meshsim.strategies import WEIGHTS, divergent_plans, plans
 from meshsim.wire import CallBegun, Stop, WireError, dispatch
@@ -101,10 +101,13 @@ def test_the_ranks_and_the_model_do_not_import_each_other():
 class _RecordingExecutor:
     """An executor that runs nothing: enough to see check() reach the verdict without ranks."""
 
-    world = 2
+    from meshsim.spec.platform import CPU as platform
+    from meshsim.spec.tiers import TIERS
+
+    tier, capabilities, world = "model", TIERS["model"], 2
 
     def execute(self, work, meanwhile=None):
-        from meshsim.run.record import RankState, RunRecord
+        from meshsim.record import RankState, RunRecord
 
         if meanwhile:
             meanwhile()
@@ -125,6 +128,7 @@ def test_an_exception_inside_the_model_becomes_a_verdict_not_a_traceback(monkeyp
     assert not result.passed
     (difference,) = result.differences
     assert "the model cannot predict this plan: ZeroDivisionError: model bug" in str(difference.rows[0][1])
+    assert (difference.step, difference.op) == (1, "get_rank")  # the step the model failed at, not step 0
 
 
 def test_get_rank_on_every_rank_is_its_global_rank(meshsim_cluster):

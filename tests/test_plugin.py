@@ -34,6 +34,12 @@ def test_property_helper(meshsim):
 def test_run_fn_helper(meshsim):
     assert meshsim.run_fn(lambda: int(os.environ["LOCAL_RANK"])).values == [0, 1]
 
+def test_a_run_fn_that_raises_fails_the_test_even_if_no_value_is_read(meshsim):
+    from meshsim.judge.verdict import Failed
+    with pytest.raises(Failed, match="ZeroDivisionError"):
+        meshsim.run_fn(lambda: 1 / 0)
+    assert meshsim.run_fn(lambda: 1 / 0, check=False).outcome == "error"
+
 def test_a_strict_run_fails_on_a_finding_and_shows_the_report(meshsim):
     from meshsim.testing import Disagreement
     reversed_mesh = Plan((step("mesh", layout=[1, 0], names=["x"], out="m"), step("check", mesh="m")))
@@ -48,10 +54,10 @@ def test_plugin_under_xdist_gives_each_worker_a_cluster_and_leaves_no_process(py
     monkeypatch.setenv("PIDS_FILE", str(pids_file))
     pytester.makepyfile(test_inner=PLUGIN_TESTS)
     result = pytester.runpytest_subprocess("-n", "2", "--meshsim-topology", "1x2", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     pids = [int(p) for line in pids_file.read_text().split("\n") for p in line.split()]
     assert len(pids) >= 4
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a bound on the wait: the ranks end as the session does
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)

@@ -4,7 +4,6 @@ import glob
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from helpers import alive
@@ -30,9 +29,9 @@ def test_scenario_ends_as_it_expects_within_its_deadline(meshsim_pool, path):
     scenario = load(path)
     cluster = meshsim_pool.get(str(scenario.topology))
     old_pids = list(cluster.pids)
-    started = time.monotonic()
     result = cluster.run(scenario.plan, deadline=scenario.deadline)
-    assert time.monotonic() - started < scenario.deadline + 2
+    # only a hang, or peers left waiting by a rank that raised, wait out the deadline
+    assert result.record.stopped != "deadline" or result.outcome in ("hang", "error")
     run = judge_scenario(scenario, result)
     assert run.matched, run.problems
     if result.outcome in ("hang", "crash", "error") and result.record.timed_out or result.record.died:
@@ -82,7 +81,7 @@ def test_an_invalid_file_is_a_one_line_error_naming_it_and_starts_no_workers(tmp
     def refuse(*args, **kwargs):
         raise AssertionError("a cluster was started for an invalid file")
 
-    monkeypatch.setattr("meshsim.run.process.Cluster.start", refuse)
+    monkeypatch.setattr("meshsim.run.pool.WorkerPool.start", refuse)
     assert cli.main(["run", good, str(path)]) == 2  # the good file is not run either
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err and message in err
@@ -131,13 +130,12 @@ def test_run_releases_a_topologys_cluster_once_no_file_left_needs_it(tmp_path, m
             return meshsim_result_stub(self.topology)
 
     def meshsim_result_stub(topology):
-        from meshsim.judge.verdict import Result
-        from meshsim.run.record import RunRecord
+        from meshsim.judge.verdict import judge
+        from meshsim.record import RunRecord
 
-        return Result(None, topology.world, "pass", "pass", [], {}, RunRecord(topology.world, 1, [], 0.0, False), None)
+        return judge(RunRecord(topology.world, 1, [], 0.0, False), "plan")
 
-    monkeypatch.setattr("meshsim.run.Cluster", FakeCluster, raising=False)
-    monkeypatch.setattr("meshsim.run.process.Cluster", FakeCluster)
+    monkeypatch.setattr("meshsim.cluster.Cluster", FakeCluster)
     files = []
     for index, (hosts, devices) in enumerate([(1, 2), (1, 2), (2, 2), (1, 2)]):
         path = tmp_path / f"s{index}.toml"

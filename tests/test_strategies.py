@@ -5,8 +5,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshsim.predict import predict
 from meshsim.ops import validate
+from meshsim.predict import predict
 from meshsim.strategies import (
     dim_names,
     divergent_plans,

@@ -1,13 +1,12 @@
 """The thread, fake and model tiers: the same plans, the same model, one verdict each."""
 
-import os
 
 import pytest
 from helpers import alive
 
-from meshsim import Topology, step
-from meshsim.cli import main
+from meshsim import Cluster, Topology, step
 from meshsim.check import check
+from meshsim.cli import main
 from meshsim.predict import predict
 from meshsim.run.fake import sample_ranks
 from meshsim.spec.plan import Plan
@@ -27,14 +26,14 @@ COMPOSED = Plan((
 @pytest.mark.parametrize("tier", ["thread", "fake", "model"])
 def test_every_tier_agrees_with_the_model_on_a_composed_plan(tier, meshsim_cluster):
     reference = meshsim_cluster.run(COMPOSED)
-    with open_executor(Topology(2, 4), tier) as executor:
+    with Cluster(Topology(2, 4), tier=tier) as executor:
         result = executor.run(COMPOSED)
     assert result.passed and reference.passed
     assert set(result.findings) == set(reference.findings)
 
 
 def test_fake_tier_reports_collectives_as_unchecked_not_as_values():
-    with open_executor(Topology(2, 4), "fake") as executor:
+    with Cluster(Topology(2, 4), tier="fake") as executor:
         result = executor.run(COMPOSED)
     observed = result.record.states[3].observations
     assert observed[5] == UNMOVED
@@ -46,7 +45,7 @@ def test_fake_tier_finds_a_wrong_layout_through_digests_of_large_meshes():
     # 512 ranks: mesh views travel as digests; a prediction for another layout must disagree on every rank.
     plan = Plan((step("init_device_mesh", out="m", shape=[8, 8, 8], names=["a", "b", "c"]), step("check", mesh="m")))
     other = Plan((step("init_device_mesh", out="m", shape=[8, 64], names=["a", "b"]), step("check", mesh="m")))
-    with open_executor(Topology(64, 8), "fake", ranks=40) as executor:
+    with Cluster(Topology(64, 8), tier="fake", ranks=40) as executor:
         good = executor.run(plan)
         bad = check(executor, plan, 30, prediction=predict(other, 512, 30))
     assert good.passed, good.differences[:2]
@@ -65,7 +64,7 @@ def test_fake_tier_sample_holds_every_hosts_first_and_last_rank():
 def test_thread_tier_diagnoses_a_skipped_collective_by_rank_group_and_dim():
     plan = Plan((step("init_device_mesh", out="m", shape=[4, 4, 4], names=["a", "b", "c"]),
                  step("all_reduce", mesh="m", dim="b", skip_on=[5])))
-    with open_executor(Topology(8, 8), "thread") as executor:
+    with Cluster(Topology(8, 8), tier="thread") as executor:
         hung = executor.run(plan, deadline=3)
         after = executor.run(COMPOSED)  # a fresh host serves the next plan
     assert hung.outcome == "hang" and hung.passed
@@ -78,7 +77,7 @@ def test_thread_tier_diagnoses_a_skipped_collective_by_rank_group_and_dim():
 def test_thread_tier_ends_a_rank_that_exits_as_a_crash_and_leaves_nothing_behind():
     plan = Plan((step("init_device_mesh", out="m", shape=[2, 4], names=["a", "b"]),
                  step("exit", code=7, only_on=[3]), step("check", mesh="m")))
-    with open_executor(Topology(2, 4), "thread") as executor:
+    with Cluster(Topology(2, 4), tier="thread") as executor:
         result = executor.run(plan)
         host = executor.pids[0]
     assert result.outcome == "crash" and result.passed
@@ -89,7 +88,7 @@ def test_thread_tier_ends_a_rank_that_exits_as_a_crash_and_leaves_nothing_behind
 def test_model_tier_names_the_culprit_of_a_hang_at_4096_ranks():
     plan = Plan((step("init_device_mesh", out="m", shape=[8, 8, 8, 8], names=["pp", "dp", "cp", "tp"]),
                  step("all_reduce", mesh="m", dim="cp", skip_on=[1234])))
-    with open_executor(Topology(512, 8), "model") as executor:
+    with Cluster(Topology(512, 8), tier="model") as executor:
         result = executor.run(plan)
     assert result.outcome == "hang" and result.culprits == [1234]
 
@@ -118,6 +117,6 @@ def test_thread_tier_runs_dtensor_partial_max_and_min_to_shard_like_the_process_
                  step("from_local", mesh="m", local_shape=[3], placements=["P(min)", "R"], out="p"),
                  step("redistribute", tensor="p", placements=["S(0)", "R"], out="q"),
                  step("full_tensor", tensor="q")))
-    with open_executor(Topology(2, 4), "thread") as executor:
+    with Cluster(Topology(2, 4), tier="thread") as executor:
         result = executor.run(plan)
     assert result.passed, result.differences

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..model import torch_side
-from ..predict import predict
 from ..deadlines import EXAMPLE_S
+from ..model import torch_side
 from ..outcome import PASS
+from ..predict import predict
 from ..spec.plan import Plan, step
 
 TOPOLOGY = (2, 4)
@@ -54,7 +55,8 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 def two_d_setup_as_printed(deadline: float) -> tuple[bool, str, dict]:
     """The recipe's 2d_setup.py, unchanged (torch.cuda.device_count() and set_device(rank) included), launched
     as torchrun would on 1 host x 8 GPUs and on 2 hosts x 4 GPUs (simulated GPUs, one host's view each)."""
-    from ..launcher import group_map, grouped_tracebacks, launch
+    from ..launcher import launch
+    from ..report import group_map, grouped_tracebacks
     from ..spec.topology import Topology
 
     script = os.path.join(SCRIPTS, "2d_setup.py")

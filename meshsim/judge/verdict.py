@@ -1,4 +1,8 @@
-"""Compare what every rank observed with what the model predicts, and say how the run ended."""
+"""The one judge: what every rank observed against what the model predicts, how the run ended, and who is to blame.
+
+Every kind of run ends in a record (meshsim.record); `judge` turns it into a Verdict, the one result type that
+the CLI, the Python API, pytest, nightly and replay report.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,22 @@ from typing import Any
 
 from .. import findings as F
 from ..model import Err, Quirk, to_json
-from ..predict import Prediction
 from ..model.expect import UNPREDICTED
-from ..spec.fields import flatten_layout
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
-from ..wire import SKIPPED, UNMOVED, digest_ints, is_digest, is_error
+from ..predict import Prediction
+from ..record import RankState, RunRecord
+from ..spec.fields import flatten_layout
+from ..wire import (
+    DIED,
+    FINISHED,
+    SKIPPED,
+    STUCK,
+    UNMOVED,
+    digest_ints,
+    is_digest,
+    is_error,
+)
+from .diagnose import Diagnosis, diagnose
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,25 +74,44 @@ class FindingHit:
 
 
 @dataclass
-class Result:
-    """How a plan ran: the outcome, what differs from the model, the findings it touched, and why it hung."""
+class RankResult:
+    """What a user function did on one rank: its value, or the error it raised (with its traceback)."""
 
-    plan: Any
+    rank: int
+    ok: bool
+    value: Any = None
+    error: BaseException | str | None = None  # the exception (or its repr if it did not pickle)
+    traceback: str = ""
+
+
+@dataclass
+class Verdict:
+    """How a run ended, judged: one type for every kind of work (a plan, a user function, a script, a replay).
+
+    outcome: what happened (meshsim.outcome); expected: what the model says should (a plan's prediction; a
+    function, a script and a replay are expected to pass); the differences from the model and the findings they
+    touched; the diagnosis when the run did not finish cleanly; and the record it was judged from.
+    """
+
+    work: str  # plan | function | script | replay
     world: int
-    outcome: str  # what happened
-    expected: Any  # what the model says should happen (str or Quirk)
-    differences: list[Difference]
-    findings: dict[str, FindingHit]
-    record: Any
-    prediction: Prediction | None
-    diagnosis: Any = None
+    outcome: str
+    expected: Any
+    record: RunRecord
+    differences: list[Difference] = field(default_factory=list)
+    findings: dict[str, FindingHit] = field(default_factory=dict)
+    diagnosis: Diagnosis | None = None
+    plan: Any = None
+    prediction: Prediction | None = None
     strict: bool = False
     unseen_hang: bool = False  # the model predicts a hang the tier cannot show (fake: nothing waits)
+    script: str = ""  # the script a launch ran
+    topology: Any = None  # hosts x devices, where the work ran on a topology (hosts of each group)
 
     @property
     def notes(self) -> list[str]:
-        """What the tier that ran this could not check (meshsim.run.record.RunRecord.notes)."""
-        return list(getattr(self.record, "notes", []))
+        """What the tier that ran this could not check (meshsim.record.RunRecord.notes)."""
+        return list(self.record.notes)
 
     @property
     def outcome_as_expected(self) -> bool:
@@ -85,33 +119,84 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        """The run agrees with the model (findings allowed unless strict)."""
+        """The run agrees with the model (findings allowed unless strict); for work without a model: every rank
+        finished."""
         if self.strict and self.findings:
             return False
         return self.outcome_as_expected and not self.differences
-
-    def raise_for_outcome(self) -> "Result":
-        """Raise meshsim.testing.Disagreement (an AssertionError whose message is the whole report: differences,
-        findings, the hang diagnosis with stacks, and every rank's output) unless the run passed."""
-        if not self.passed:
-            from ..testing import Disagreement
-
-            raise Disagreement(self)
-        return self
-
-    @property
-    def output(self) -> str:
-        """What every rank printed during the run, each line prefixed with its rank ("[rank3]: ...")."""
-        from ..functions import rank_output
-
-        return rank_output(self.record.states)
 
     @property
     def culprits(self) -> list[int]:
         return list(self.diagnosis.culprits) if self.diagnosis is not None else []
 
+    @property
+    def elapsed(self) -> float:
+        return self.record.elapsed
+
+    # ------------------------------------------------------------------ what a function or a script left
+
+    @property
+    def results(self) -> list[RankResult]:
+        """A user function's result on every rank (values unpickled on first use)."""
+        cached = self.__dict__.get("_results")
+        if cached is None:
+            cached = self.__dict__["_results"] = [_rank_result(s) for s in self.record.states]
+        return cached
+
+    @property
+    def values(self) -> list[Any]:
+        """Each rank's return value; raises Failed (with the whole report) if the run did not pass."""
+        self.raise_for_outcome()
+        return [r.value for r in self.results]
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        if self.work == "function":
+            return [r.rank for r in self.results if not r.ok]
+        return sorted(set(self.record.died) | set(self.record.raised))
+
+    @property
+    def exit_codes(self) -> list[int | None]:
+        """A script's exit code on every rank (None: it never finished)."""
+        return [s.value.exit_code if s.value is not None else s.exitcode if s.end == DIED else None
+                for s in self.record.states]
+
+    @property
+    def tracebacks(self) -> list[str]:
+        return [s.value.traceback if s.value is not None else "" for s in self.record.states]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [s.output for s in self.record.states]
+
+    @property
+    def output(self) -> str:
+        """What every rank printed during the run, each line prefixed with its rank ("[rank3]: ...")."""
+        return rank_output(self.record.states)
+
+    # ------------------------------------------------------------------ reporting
+
+    def raise_for_outcome(self) -> Verdict:
+        """Raise Failed (an AssertionError whose message is the whole report: differences, findings, the hang
+        diagnosis with stacks, errors with tracebacks, and every rank's output) unless the run passed."""
+        if not self.passed:
+            raise Failed(self)
+        return self
+
+    def report(self) -> str:
+        """The whole story, as text."""
+        from ..report import verdict_text
+
+        return verdict_text(self)
+
+    def summary(self) -> str:
+        from ..report import verdict_summary
+
+        return verdict_summary(self)
+
     def to_json(self) -> dict:
         return {
+            "work": self.work,
             "outcome": self.outcome,
             "expected_outcome": to_json(self.expected),
             "passed": self.passed,
@@ -124,6 +209,40 @@ class Result:
         }
 
 
+class Failed(AssertionError):
+    """A run that did not pass; the message is the whole report, and .verdict the verdict."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__("\n" + verdict.report())
+        self.verdict = verdict
+
+    @property
+    def result(self) -> Verdict:
+        return self.verdict
+
+
+def rank_output(states: list[RankState]) -> str:
+    return "".join(f"[rank{s.rank}]: {line}\n" for s in states for line in s.output.splitlines())
+
+
+def _rank_result(state: RankState) -> RankResult:
+    if state.value is None:
+        where = state.where if state.end != STUCK else f"stuck: {state.where}"
+        return RankResult(state.rank, False, error=where)
+    ok, blob = state.end == FINISHED, state.value
+    try:
+        import dill
+
+        value = dill.loads(blob) if isinstance(blob, bytes) else blob
+    except Exception as exc:  # a result that cannot be rebuilt here is still worth showing
+        value = f"<unpicklable: {exc}>"
+    if ok:
+        return RankResult(state.rank, True, value)
+    if isinstance(value, tuple) and len(value) == 2:
+        return RankResult(state.rank, False, error=value[0], traceback=value[1])
+    return RankResult(state.rank, False, error=str(value))
+
+
 def _outcome_ok(expected: Any, outcome: str) -> bool:
     if isinstance(expected, Quirk):
         torch_ok = outcome == expected.torch or expected.torch == UNDEFINED
@@ -131,33 +250,43 @@ def _outcome_ok(expected: Any, outcome: str) -> bool:
     return outcome == expected
 
 
-def judge(plan: Any, prediction: Prediction, record: Any, strict: bool = False) -> Result:
-    from .diagnose import diagnose
-
-    version = torch_version()
-    if prediction.model_error is not None:
-        differences, hits = [Difference(0, plan.steps[0].op, None, "(the model)",
-                                        [(list(range(record.world)), prediction.model_error, "not compared")])], {}
-    else:
-        differences, hits = compare_run(plan, prediction, record, version)
+def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: Prediction | None = None,
+          strict: bool = False, script: str = "", topology: Any = None) -> Verdict:
+    """The one judge: a record (of any executor, any work) against the model where there is a plan; one rule for
+    the outcome (meshsim.outcome) and one for culprits (meshsim.judge.blame)."""
+    differences, hits = _against_model(plan, prediction, record)
     outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences))
-    expected = prediction.outcome
-    if not getattr(record, "moves_data", True) and HANG in (expected, getattr(expected, "right", None),
-                                                            getattr(expected, "torch", None)):
-        # Nothing waits on the fake tier: a hang the model predicts cannot show. Say so; judge the rest.
-        record.notes.append("the model predicts a hang, which the fake tier cannot show: run this plan on the "
-                            "thread or process tier to see it")
-        unseen_hang = outcome == PASS
-    else:
-        unseen_hang = False
-    if isinstance(expected, Quirk) and outcome != expected.right and expected.torch in (outcome, UNDEFINED):
-        hit = hits.setdefault(expected.finding, FindingHit(expected.finding))
-        hit.where.append(f"outcome {outcome}")
-    result = Result(plan, prediction.world, outcome, prediction.outcome, differences, hits, record, prediction,
-                    strict=strict, unseen_hang=unseen_hang)
+    expected = prediction.outcome if prediction is not None else PASS
+    verdict = Verdict(work, record.world, outcome, expected, record, differences, hits, plan=plan,
+                      prediction=prediction, strict=strict, script=script, topology=topology)
+    if prediction is not None:
+        verdict.unseen_hang = _unseen_hang(record, expected, outcome)
+        if isinstance(expected, Quirk) and outcome != expected.right and expected.torch in (outcome, UNDEFINED):
+            hit = hits.setdefault(expected.finding, FindingHit(expected.finding))
+            hit.where.append(f"outcome {outcome}")
     if outcome in (HANG, CRASH, ERROR):
-        result.diagnosis = diagnose(record, plan, prediction)
-    return result
+        verdict.diagnosis = diagnose(record, plan, prediction)
+    return verdict
+
+
+def _against_model(plan: Any, prediction: Prediction | None, record: RunRecord
+                   ) -> tuple[list[Difference], dict[str, FindingHit]]:
+    if plan is None or prediction is None:
+        return [], {}
+    if prediction.model_error is not None:
+        at = prediction.model_error_step or 0
+        return [Difference(at, plan.steps[at].op, None, "(the model)",
+                           [(list(range(record.world)), prediction.model_error, "not compared")])], {}
+    return compare_run(plan, prediction, record, torch_version())
+
+
+def _unseen_hang(record: RunRecord, expected: Any, outcome: str) -> bool:
+    """Nothing waits on the fake tier: a hang the model predicts cannot show. Say so; judge the rest."""
+    if record.moves_data or HANG not in (expected, getattr(expected, "right", None), getattr(expected, "torch", None)):
+        return False
+    record.notes.append("the model predicts a hang, which the fake tier cannot show: run this plan on the "
+                        "thread or process tier to see it")
+    return outcome == PASS
 
 
 def compare_run(plan: Any, prediction: Prediction, record: Any, version: str

@@ -17,12 +17,19 @@ before a collective, unpadding after it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..spec.fields import flatten_layout
-from ..spec.placements import (MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL, REDUCE_OPS, contiguous_strides, parse_placement,
-                               placement_text)
+from ..spec.placements import (
+    MAX_DTENSOR_DIMS,
+    MAX_DTENSOR_NUMEL,
+    REDUCE_OPS,
+    contiguous_strides,
+    parse_placement,
+    placement_text,
+)
 from ..wire import local_observation, tensor_values
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 

@@ -15,9 +15,10 @@ replicas: [0..3] and [4..7]).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import product
-from typing import Any, Callable
+from typing import Any
 
 Mode = tuple[int, int]
 Dim = tuple[Mode, ...]
@@ -197,6 +198,11 @@ def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callabl
 def shared_replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
     """replicas(), computed once per (layout, rank map)."""
     return _shared("replicas", layout, rank_map, lambda: replicas(layout, rank_map))
+
+
+def shared_flat_ranks(layout: Layout, rank_map: tuple[int, ...]) -> tuple[int, ...]:
+    """Every replica's ranks, one after another: the mesh tensor DeviceMesh builds groups from, flattened."""
+    return _shared("flat", layout, rank_map, lambda: tuple(r for rep in shared_replicas(layout, rank_map) for r in rep))
 
 
 def shared_dim_groups(dim: Dim, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import layout as L
 from ..spec.platform import CPU, Platform
+from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
 
 WORLD_KEY = ("world",)
@@ -52,10 +52,10 @@ class MeshModel:
     layout: L.Layout
     rank_map: tuple[int, ...]
     names: tuple[str, ...] | None
-    root: "MeshModel | None"
+    root: MeshModel | None
     rank: int
     groups: list[Group] = field(default_factory=list)  # this rank's group per dim ([] when not a member)
-    flatten_mapping: dict[str, "MeshModel"] = field(default_factory=dict)
+    flatten_mapping: dict[str, MeshModel] = field(default_factory=dict)
     view: Any = None  # the `mesh` property: nested ranks, or an Err
     coordinate: tuple[int, ...] | None = None
     creation_quirk: Quirk | None = None  # torch built it although it should have refused
@@ -63,7 +63,7 @@ class MeshModel:
     backend_ready: bool = True  # False: built with _init_backend=False and never given groups
 
     @property
-    def root_mesh(self) -> "MeshModel":
+    def root_mesh(self) -> MeshModel:
         return self.root if self.root is not None else self
 
     @property
@@ -74,13 +74,13 @@ class MeshModel:
     def ndim(self) -> int:
         return len(self.layout)
 
-    def given(self, groups: list[Group]) -> "MeshModel":
+    def given(self, groups: list[Group]) -> MeshModel:
         """The mesh with its dims' groups set after construction (torch sets _dim_group_names)."""
         self.groups = list(groups)
         self.backend_ready = True
         return self
 
-    def same_as(self, other: "MeshModel") -> bool:
+    def same_as(self, other: MeshModel) -> bool:
         """torch's DeviceMesh.__eq__ (and its hash key): same rank map, layout, device type and names."""
         return (self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
                 and self.device == other.device)
@@ -95,6 +95,7 @@ class RankModel:
         self.platform = platform
         self.group_counter = 0  # torch's _world.group_count: every new_group call bumps it on every rank
         self.calls: list[Call] = []
+        self.meshes: list[tuple] = []  # (step, shape, names, ranks) of each mesh whose groups it made, as torch's
         self.seq: dict[tuple, int] = {}
         self.step = -1
         self.findings: set[str] = set()
@@ -183,6 +184,7 @@ class RankModel:
                 raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
             if device == "cuda" and not self.platform.cuda:
                 raise ModelRaise(Err(None, "cuda"))  # DeviceMesh sets the rank's CUDA device, and there is none
+            self.meshes.append((self.step, L.sizes_of(layout), mesh.names, L.shared_flat_ranks(layout, rank_map)))
             mesh.groups = self._init_process_groups(layout, rank_map, mesh.names, forced)
         mesh.view, mesh.coordinate = self._placed(layout, rank_map, self.rank if as_rank is None else as_rank)
         if isinstance(mesh.view, Err):
@@ -392,7 +394,8 @@ class RankModel:
             names.extend(m.names)
             groups.extend(m.groups)
             if m.rank_map != first_map:
-                raise ModelRaise(Err("RuntimeError", "Cannot concatenate DeviceMeshes derived from different device meshs"))
+                raise ModelRaise(Err("RuntimeError",
+                                     "Cannot concatenate DeviceMeshes derived from different device meshs"))
         if not L.is_orthogonal(L.collapse(tuple(axes))):
             raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
         result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False).given(groups)

@@ -18,6 +18,9 @@ from typing import Any
 
 from .registry import OPERATIONS, PARTS, ROLES, Operation, of_role, operation, rarely
 
+__all__ = ["OPERATIONS", "PARTS", "ROLES", "Operation", "of_role", "operation", "operation_of", "rarely",
+           "reference_markdown", "validate"]
+
 
 def operation_of(st: Any) -> Operation:
     """The definition of a plan step's op (validated plans only name known ops)."""

@@ -10,8 +10,8 @@ from ..model.expect import Err, ModelRaise, quirk
 from ..spec import fields as F
 from ..spec.fields import PlanError
 from ..spec.plan import step
-from .registry import operation, rarely
 from .meshes import names_of
+from .registry import operation, rarely
 
 ON = {"mesh": F.MESH, "dim": F.DIM, "group": F.GROUP}
 

@@ -14,7 +14,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ..spec import fields as F
-from ..spec.placements import REDUCE_OPS, contiguous_strides, parse_placement, placement_text
+from ..spec.placements import (
+    REDUCE_OPS,
+    contiguous_strides,
+    parse_placement,
+    placement_text,
+)
 from ..spec.plan import step
 from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
 from .registry import operation, rarely

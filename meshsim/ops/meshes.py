@@ -121,7 +121,8 @@ class InitDeviceMesh:
         names = draw(dim_names(len(shape))) if draw(st.integers(0, 5)) > 0 else None
         if allow_errors and names and rarely(draw, 15):
             names = draw(st.sampled_from([names + [names[0]], names[:-1] or ["x", "y"], [names[0]] * len(names)]))
-        device = draw(st.sampled_from([None, None, None, b.device, f"{b.device}:0"] if allow_errors else [None, b.device]))
+        devices = [None, None, None, b.device, f"{b.device}:0"] if allow_errors else [None, b.device]
+        device = draw(st.sampled_from(devices))
         return step("init_device_mesh", shape=shape, names=names, device=device, out=b.fresh("m"),
                     backend_override=draw(draw_overrides(len(shape), names, allow_errors)),
                     expect_error=math.prod(shape) > b.world or None)
@@ -289,7 +290,8 @@ class Concatenate:
 
 
 @operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "groups": F.GROUP_CHOICES,
-                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH, weight=2)
+                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH,
+           weight=2)
 class FromGroup:
     """DeviceMesh.from_group(groups of src's dims, or a new_group handle, or one handle per dim out of lists of
     new_group handles; mesh=layout, else src seen from this rank)"""

@@ -201,7 +201,7 @@ class Check:
             entry["local_rank"] = mesh.get_local_rank(index)
             if names and index < len(names):
                 name = names[index]
-                entry["group_by_name"] = _torch_attempt(lambda: dist.get_process_group_ranks(mesh.get_group(name)))
+                entry["group_by_name"] = _torch_attempt(lambda n: dist.get_process_group_ranks(mesh.get_group(n)), name)
                 entry["local_rank_by_name"] = _torch_attempt(mesh.get_local_rank, name)
             if a.get("collectives", True):
                 ex.progress.context = (handle, names[index] if names and index < len(names) else index)

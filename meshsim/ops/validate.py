@@ -6,7 +6,7 @@ model's job.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..spec.fields import Context, PlanError
 from ..spec.plan import HANDLE, MAX_STEPS, Plan, Step

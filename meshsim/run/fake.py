@@ -20,25 +20,45 @@ from __future__ import annotations
 
 import os
 import random
-import selectors
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import deadlines
+from ..errors import ClusterError
 from ..ops import operation_of
-from ..spec.topology import Topology
-from ..wire import (DIED, FINISHED, STUCK, UNMOVED, FromRank, PlanDone, RankDied, Ready, RunPlan, RunRanks, Stop,
-                    dispatch, digest_ints)
+from ..record import RankState, RunRecord
 from ..spec.platform import Platform
-from .generation import ClusterError, Generation
+from ..spec.tiers import TIERS, TierError
+from ..spec.topology import Topology
+from ..wire import (
+    FINISHED,
+    STUCK,
+    UNMOVED,
+    FromRank,
+    PlanDone,
+    RankDied,
+    Ready,
+    RunPlan,
+    RunRanks,
+    Stop,
+    digest_ints,
+    dispatch,
+)
+from .follow import Hosted, follow
+from .generation import Generation
 from .interpreter import Interpreter
-from .rank import WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
-from .process import Cluster, absorb
-from .record import RankState, RunRecord
+from .pool import WorkerPool
+from .rank import (
+    WorkerSpec,
+    _capture_output,
+    _die_with_parent,
+    _name_process,
+    _watch_lifeline,
+)
 from .threads import RankEnded
 
-MAX_FAKE_WORLD = 1 << 20
 DIGEST_OVER = 256  # mesh views larger than this travel as a digest (the model's view is digested the same way)
 WORKERS = 2
 
@@ -160,43 +180,92 @@ def sample_ranks(topology: Topology, count: int | None, seed: int = 0) -> list[i
     return sorted(must + extra)
 
 
-class FakeExecutor(Cluster):
+class FakeExecutor:
     """Each rank of a large world, alone, on torch's fake process group (see the module's docstring).
 
-    The process tier's life cycle (workers, reaper, deadlines, restarts); its own way to hand out ranks and to
-    follow them: a worker hosts many ranks in turn, and nothing waits, so a deadline bounds each rank's run.
+    A worker plays its share of the ranks one after another, and nothing waits, so a deadline bounds each rank's
+    run (from the worker's last message), not the whole sample's.
     """
 
     tier = "fake"
-    max_world = MAX_FAKE_WORLD
+    capabilities = TIERS["fake"]
     platform = Platform("cpu", True)  # the fake backend skips DeviceMesh's device setup, so "cuda" meshes build
-    worker_target = staticmethod(fake_worker_main)
 
     def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, ranks: int | None = None, seed: int = 0,
                  workers: int = WORKERS):
         if ranks is not None and ranks < 1:
             raise ClusterError(f"--ranks must be at least 1, got {ranks}")
-        super().__init__(topology, deadline=deadline, start_timeout=start_timeout)
+        if ranks is not None and ranks > topology.world:
+            raise ClusterError(f"--ranks {ranks} is more than the {topology.world} ranks of {topology}")
+        self.topology = topology
+        self.deadline = deadlines.checked(deadline)
+        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
         self.sample = sample_ranks(topology, ranks, seed)
         self.workers = max(1, min(workers, len(self.sample)))
         self._shares: list[list[int]] = []
+        self.pool = WorkerPool(self._specs, fake_worker_main, self.start_timeout)
 
-    def _worker_specs(self, number: int) -> list[WorkerSpec]:
-        return [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/", "fake",
-                           os.path.join(self._tmp.name, f"stacks-{number}-{i}"),
-                           os.path.join(self._tmp.name, f"output-{number}-{i}"), self.start_timeout)
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids
+
+    def __enter__(self) -> FakeExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> FakeExecutor:
+        self.pool.start()
+        return self
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def restart(self) -> None:
+        self.pool.restart()
+
+    def _specs(self, number: int, tmp: str, port: int) -> list[WorkerSpec]:
+        return [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, port, f"g{number}/", "fake",
+                           os.path.join(tmp, f"stacks-{number}-{i}"), os.path.join(tmp, f"output-{number}-{i}"),
+                           self.start_timeout)
                 for i in range(self.workers)]
 
-    def _send(self, generation: Generation, work: Any) -> None:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
-            raise ClusterError("the fake tier runs plans only (a user function needs the process or thread tier)")
+            raise TierError("the fake tier runs plans only (a user function needs the process or thread tier)")
+        generation = self.pool.current()
+        started = time.monotonic()
         self._shares = [self.sample[i::self.workers] for i in range(self.workers)]
         for worker, share in zip(generation.workers, self._shares):
             worker.conn.send(RunRanks(work.plan, work.deadline, share))
-
-    def _between_runs(self, generation: Generation, record: RunRecord) -> None:
-        pass  # every rank started from a fresh default group and destroyed it
+        if meanwhile is not None:
+            meanwhile()
+        states = [RankState(r) for r in range(self.world)]
+        hosted = [Hosted(w, list(share)) for w, share in zip(generation.workers, self._shares)]
+        stuck, stopped = follow(hosted, states, started, work.deadline, from_last_message=True)
+        for rank in stuck:
+            states[rank].end = STUCK
+        for rank in set(range(self.world)) - set(self.sample):
+            states[rank].end, states[rank].done = FINISHED, True  # not run: not judged (observations None)
+        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
+                           tier=self.tier, stopped=stopped,
+                           checked=None if len(self.sample) == self.world else list(self.sample),
+                           moves_data=False)
+        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
+                            "no data), and hangs cannot happen (no call waits)")
+        if record.checked is not None:
+            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
+                                "and last ranks first, then a seeded spread of the rest)")
+        if record.timed_out or record.died:
+            record.stacks = self._stacks(generation, record.stuck)
+            self.pool.refresh()
+        return record
 
     def _stacks(self, generation: Generation, ranks: list[int]) -> dict[int, str]:
         """A stuck worker's stack belongs to the first rank it had not finished."""
@@ -204,44 +273,3 @@ class FakeExecutor(Cluster):
                  if any(r in ranks for r in share)}
         dumps = generation.stacks(list(first))
         return {first[i]: text for i, text in dumps.items()}
-
-    def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
-        """Collect each rank's result; a worker silent for longer than `deadline` leaves its ranks stuck."""
-        states = [RankState(r) for r in range(self.world)]
-        queues = {w.rank: list(share) for w, share in zip(generation.workers, self._shares)}
-        heard = {w.rank: time.monotonic() for w in generation.workers}
-        with selectors.DefaultSelector() as selector:
-            for worker in generation.workers:
-                selector.register(worker.conn, selectors.EVENT_READ, worker)
-            while any(queues.values()):
-                now = time.monotonic()
-                if any(q and now - heard[w] > deadline for w, q in queues.items()):
-                    break
-                left = min(heard[w] + deadline - now for w, q in queues.items() if q)
-                for key, _ in selector.select(timeout=max(0.01, left)):
-                    worker = key.data
-                    try:
-                        while worker.readable():
-                            tagged = worker.conn.recv()
-                            absorb(states[tagged.rank], tagged.message)
-                            queues[worker.rank].remove(tagged.rank)
-                            heard[worker.rank] = time.monotonic()
-                    except (EOFError, OSError):
-                        for rank in queues[worker.rank]:
-                            states[rank].end = DIED
-                        queues[worker.rank] = []
-                        selector.unregister(worker.conn)
-        waiting = {r for q in queues.values() for r in q}
-        for rank in waiting:
-            states[rank].end = STUCK
-        for rank in set(range(self.world)) - set(self.sample):
-            states[rank].end, states[rank].done = FINISHED, True  # not run: not judged (observations None)
-        record = RunRecord(self.world, deadline, states, time.monotonic() - started, bool(waiting),
-                           tier=self.tier, checked=None if len(self.sample) == self.world else list(self.sample),
-                           moves_data=False)
-        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
-                            "no data), and hangs cannot happen (no call waits)")
-        if record.checked is not None:
-            record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
-                                "and last ranks first, then a seeded spread of the rest)")
-        return record

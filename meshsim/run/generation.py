@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..errors import ClusterError
 from ..wire import JoinFailed, Ready, Stop
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 from .reaper import ignore_interrupts_while, kill_group
@@ -25,12 +26,6 @@ WARM_MODULES = ["torch", "torch.distributed", "torch.distributed.device_mesh", "
 PRELOAD = WARM_MODULES + ["meshsim.run.warm"]  # the forkserver then freezes what it loaded
 
 
-class ClusterError(RuntimeError):
-    """The cluster could not start or cannot serve (bad backend, too few GPUs, a rank that fails to join)."""
-
-
-class SetupError(ClusterError):
-    """A setup function that did not pass on the ranks: every later generation would fail the same way."""
 
 
 def _read_since(path: str, offset: int, limit: int | None = None) -> tuple[str, int]:
@@ -117,7 +112,8 @@ class Generation:
         while waiting:
             left = end - time.monotonic()
             if left <= 0:
-                raise ClusterError(f"ranks {sorted(w.rank for w in waiting.values())} did not join within {timeout_s:.0f} s")
+                late = sorted(w.rank for w in waiting.values())
+                raise ClusterError(f"ranks {late} did not join within {timeout_s:.0f} s")
             for conn in wait(list(waiting), timeout=left):
                 worker = waiting.pop(conn)
                 try:

@@ -18,14 +18,29 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from ..deadlines import torch_wait
+from ..spec.platform import platform_for, uses_nccl
+from ..wire import (
+    FunctionBegun,
+    FunctionDone,
+    JoinFailed,
+    PlanDone,
+    Ready,
+    RunFunction,
+    RunPlan,
+    RunScript,
+    ScriptDone,
+    StepBegun,
+    Stop,
+    Teardown,
+    dispatch,
+)
 from .reaper import die_with_parent, lead_own_group
-from ..wire import (FunctionBegun, FunctionDone, JoinFailed, PlanDone, Ready, RunFunction, RunPlan, RunScript,
-                    ScriptDone, StepBegun, Stop, Teardown, dispatch)
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -70,6 +85,19 @@ def _capture_output(path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # One write per line. C++ (torch's warnings, NCCL) writes to the same file; print() writes a line in pieces,
+    # each a write of its own when Python is unbuffered (PYTHONUNBUFFERED, common under torchrun), or a block
+    # flushed mid-line otherwise, and native output landed inside a line of the script's.
+    sys.stdout = _line_stream(1, sys.stdout)
+    sys.stderr = _line_stream(2, sys.stderr)
+
+
+def _line_stream(fd: int, like: Any) -> Any:
+    import io
+
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw, buffer_size=1 << 16), encoding=like.encoding,
+                            errors=like.errors, line_buffering=True)
 
 
 def _watch_lifeline(lifeline: Any) -> None:
@@ -94,7 +122,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     os.environ.update(topology.env(spec.rank, spec.port))
     # A simulated cluster lives on this machine: never listen beyond loopback, whatever the user's shell says.
     os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-    if "nccl" in spec.backend:
+    if uses_nccl(spec.backend):
         os.environ["CUDA_VISIBLE_DEVICES"] = topology.gpu_slice(spec.rank)
     _capture_output(spec.output_file)
     stacks = open(spec.stack_file, "w")
@@ -117,7 +145,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     serve(session, conn, measure)
 
 
-def serve(session: "RankSession", conn: Any, measure: Any = None) -> None:
+def serve(session: RankSession, conn: Any, measure: Any = None) -> None:
     """The worker's command loop: one command at a time from the controller, until Stop or the pipe closes.
     `measure`: a running coverage.py measurement, saved after every plan (a rank killed for a hang keeps what
     it reached up to that plan)."""
@@ -233,7 +261,7 @@ class RankSession:
 
     @classmethod
     def join(cls, backend: str, rank: int, world: int, send: Callable[[Any], None],
-             store: tuple[str, int, str] | None = None, timeout_s: float = 120.0) -> "RankSession":
+             store: tuple[str, int, str] | None = None, timeout_s: float = 120.0) -> RankSession:
         """Join the world: on the controller's store (host, port, prefix), or on torchrun's (store None)."""
         import torch
         import torch.distributed as dist
@@ -242,7 +270,7 @@ class RankSession:
         torch.set_num_threads(1)
         timeout = timedelta(seconds=torch_wait(timeout_s))
         c10d.default_pg_timeout = timeout
-        device_type = "cuda" if "nccl" in backend else "cpu"
+        device_type = platform_for(backend).device
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         if store is not None:

@@ -88,14 +88,16 @@ def die_with_parent() -> None:
 
 
 def ignore_interrupts_while(start: Any) -> Any:
-    """Run start() with SIGINT ignored, so the processes it launches inherit that (a Ctrl-C is the controller's
-    to handle: it kills them; they must not print tracebacks of their own)."""
+    """Run start() with SIGINT blocked, so the processes it launches inherit a blocked SIGINT (a Ctrl-C is the
+    controller's to handle: it kills them; they must not print tracebacks of their own). Blocked, not ignored: a
+    Ctrl-C that comes meanwhile (the forkserver's first start imports torch, seconds) waits and is delivered to
+    the controller when start() returns, instead of being lost."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return start()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         return start()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

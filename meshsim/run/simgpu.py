@@ -77,7 +77,7 @@ class _Stream:
     def query(self) -> bool:
         return True
 
-    def __enter__(self) -> "_Stream":
+    def __enter__(self) -> _Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:

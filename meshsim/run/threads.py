@@ -17,21 +17,43 @@ import faulthandler
 import os
 import queue
 import re
-import selectors
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .. import deadlines
-from ..wire import (DIED, STUCK, FromRank, JoinFailed, RankDied, Ready, RunFunction, RunPlan, Stop, Teardown,
-                    dispatch)
+from ..errors import ClusterError
+from ..record import RankState, RunRecord
+from ..spec.platform import CPU
+from ..spec.tiers import TIERS, TierError
+from ..spec.topology import Topology
+from ..wire import (
+    STUCK,
+    FromRank,
+    JoinFailed,
+    RankDied,
+    Ready,
+    RunFunction,
+    RunPlan,
+    RunScript,
+    Stop,
+    Teardown,
+    dispatch,
+)
+from .follow import Hosted, follow
+from .generation import Generation
 from .interpreter import Interpreter
-from .process import Cluster, absorb
-from .record import RankState, RunRecord
-from .rank import STACK_SIGNAL, WorkerSpec, _capture_output, _die_with_parent, _name_process, _watch_lifeline
-
-MAX_THREAD_WORLD = 1024
+from .pool import WorkerPool
+from .rank import (
+    STACK_SIGNAL,
+    WorkerSpec,
+    _capture_output,
+    _die_with_parent,
+    _name_process,
+    _watch_lifeline,
+)
 
 
 class RankEnded(BaseException):
@@ -63,7 +85,9 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     try:
         import torch
         import torch.distributed as dist
-        from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg
+        from torch.testing._internal.distributed.multi_threaded_pg import (
+            _install_threaded_pg,
+        )
 
         torch.set_num_threads(1)
         torch._C._distributed_c10d._set_thread_isolation_mode(True)  # group names registered per thread
@@ -140,69 +164,91 @@ def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queu
             return
 
 
-class ThreadExecutor(Cluster):
+class ThreadExecutor:
     """W ranks as threads of one host process (torch's threaded process group); real collectives.
 
     >>> with ThreadExecutor(Topology(hosts=8, devices_per_host=8)) as ex:
-    ...     result = ex.run(plan)
+    ...     record = ex.execute(RunPlan(plan, 10.0))
     """
 
     tier = "thread"
-    max_world = MAX_THREAD_WORLD
+    capabilities = TIERS["thread"]
+    platform = CPU
 
-    def _worker_specs(self, number: int) -> list[WorkerSpec]:
-        return [WorkerSpec(0, self.topology.hosts, self.topology.devices_per_host, self.port, f"g{number}/",
-                           "threaded", os.path.join(self._tmp.name, f"stacks-{number}"),
-                           os.path.join(self._tmp.name, f"output-{number}"), self.start_timeout)]
+    def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
+                 start_timeout: float = deadlines.START_S):
+        if topology.world > self.capabilities.max_world:
+            raise ClusterError(f"{topology} is {topology.world} ranks; the thread tier runs at most "
+                               f"{self.capabilities.max_world:,} (larger worlds: --tier fake or model)")
+        self.topology = topology
+        self.deadline = deadlines.checked(deadline)
+        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.thread_ranks: dict[int, int] = {}  # rank -> thread ident in the host, to split its stack dump
+        self.pool = WorkerPool(self._specs, host_main, self.start_timeout, after_start=self._after_start)
 
-    worker_target = staticmethod(host_main)
+    @property
+    def world(self) -> int:
+        return self.topology.world
 
-    def _after_start(self, generation: Any) -> None:
-        generation.thread_ranks = {}
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids
+
+    def __enter__(self) -> ThreadExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> ThreadExecutor:
+        self.pool.start()
+        return self
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def restart(self) -> None:
+        self.pool.restart()
+
+    def _specs(self, number: int, tmp: str, port: int) -> list[WorkerSpec]:
+        return [WorkerSpec(0, self.topology.hosts, self.topology.devices_per_host, port, f"g{number}/",
+                           "threaded", os.path.join(tmp, f"stacks-{number}"), os.path.join(tmp, f"output-{number}"),
+                           self.start_timeout)]
+
+    def _after_start(self, generation: Generation) -> None:
+        self.thread_ranks = {}
         host = generation.workers[0]
         if host.conn.poll(self.start_timeout):
             message = host.conn.recv()
             if isinstance(message, FromRank) and message.rank == -1:
-                generation.thread_ranks = message.message
+                self.thread_ranks = message.message
 
-    def _follow(self, generation: Any, started: float, deadline: float) -> RunRecord:
-        """Cluster._follow for one host process whose messages carry their rank (meshsim.wire.FromRank)."""
-        host = generation.workers[0]
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+        if isinstance(work, RunScript):
+            raise TierError("the thread tier runs plans and functions; a script needs the process tier")
+        generation = self.pool.current()
+        started = time.monotonic()
+        generation.send(work)
+        if meanwhile is not None:
+            meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
-        pending = set(range(self.world))
-        hard = started + deadline
-        first_death: float | None = None
-        with selectors.DefaultSelector() as selector:
-            selector.register(host.conn, selectors.EVENT_READ)
-            selector.register(host.process.sentinel, selectors.EVENT_READ)
-            while pending:
-                limit = hard if first_death is None else min(hard, first_death + deadlines.DEATH_GRACE_S)
-                left = limit - time.monotonic()
-                if left <= 0:
-                    break
-                if not selector.select(timeout=left):
-                    continue
-                try:
-                    while pending and host.readable():
-                        tagged = host.conn.recv()
-                        if absorb(states[tagged.rank], tagged.message):
-                            pending.discard(tagged.rank)
-                            if states[tagged.rank].end == DIED:
-                                first_death = first_death or time.monotonic()
-                except (EOFError, OSError):
-                    pass
-                if not host.alive:
-                    host.process.join(0.5)
-                    for rank in pending:
-                        states[rank].end, states[rank].exitcode = DIED, host.process.exitcode
-                    pending.clear()
-        for rank in pending:
+        host = Hosted(generation.workers[0], list(range(self.world)))
+        stuck, stopped = follow([host], states, started, work.deadline)
+        for rank in stuck:
             states[rank].end = STUCK
-        return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(pending))
+        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
+                           tier=self.tier, stopped=stopped)
+        if record.timed_out or record.died:
+            record.stacks = self._stacks(generation, record.stuck)
+            self.pool.refresh()
+        else:
+            generation.send(Teardown(max(s.group_count for s in states) + 1))
+            self.pool.forget_work_keys()
+        return record
 
-    def _stacks(self, generation: Any, ranks: list[int]) -> dict[int, str]:
+    def _stacks(self, generation: Generation, ranks: list[int]) -> dict[int, str]:
         dump = generation.stacks([0]).get(0, "")
-        by_ident = {ident: rank for rank, ident in getattr(generation, "thread_ranks", {}).items()}
+        by_ident = {ident: rank for rank, ident in self.thread_ranks.items()}
         out: dict[int, str] = {}
         for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
             found = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)

@@ -19,15 +19,17 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from .. import deadlines
-from ..spec.platform import CPU, Platform
+from ..record import RankState, RunRecord
+from ..spec.platform import platform_for
+from ..spec.tiers import Capabilities, TierError
 from ..wire import STUCK, CallBegun, RunPlan
 from .generation import WARM_MODULES
 from .process import resolve_backend
-from .record import RankState, RunRecord
 from .rank import RankSession
 
 PREFIX = "meshsim/"
@@ -41,7 +43,7 @@ def under_torchrun() -> bool:
 # --------------------------------------------------------------------------------------------- progress
 
 _STATE_FIELDS = ("step", "op", "out", "call", "calls_on", "groups_created", "created", "meshes", "done",
-                 "end", "end_step")
+                 "end", "end_step", "failed_in", "failure")
 
 
 def state_to_json(state: RankState) -> str:
@@ -56,9 +58,10 @@ def state_from_json(rank: int, text: str) -> RankState:
     state = RankState(rank)
     for key in _STATE_FIELDS:
         setattr(state, key, data[key])
-    if data["call"]:
-        kind, ranks, group, seq, context = data["call"]
-        state.call = CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None)
+    for key in ("call", "failed_in"):
+        if data[key]:
+            kind, ranks, group, seq, context, site = data[key]
+            setattr(state, key, CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None, site))
     state.created = {k: tuple(v) for k, v in data["created"].items()}
     state.call_log = {(g, s): (step, kind) for g, s, step, kind in data["call_log"]}
     state.meshes = [tuple(m) for m in data["meshes"]]
@@ -159,13 +162,17 @@ class TorchrunExecutor:
     exits with code 1 after it returns.
     """
 
+    tier = "torchrun"
+    capabilities = Capabilities(1 << 20, functions=False, backends=("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto"),
+                                describe="the ranks torchrun started, on one node or many")
+
     def __init__(self, backend: str, on_hang: Callable[[Any, RunRecord], None]):
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_world = int(os.environ["LOCAL_WORLD_SIZE"])
         # One rank per GPU of this node: the node's ranks need its GPUs, as a simulated host's do.
         self.backend = resolve_backend(backend, self.local_world)
-        self.platform = Platform("cuda", True) if self.backend == "nccl" else CPU  # for the model
+        self.platform = platform_for(self.backend)  # for the model
         self.on_hang = on_hang
         self.progress: StoreProgress | None = None
         for module in WARM_MODULES:  # before any deadline, as the local cluster's forkserver does
@@ -190,7 +197,7 @@ class TorchrunExecutor:
 
     def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
-            raise TypeError("under torchrun meshsim runs plans; run your own functions with `meshsim launch`")
+            raise TierError("under torchrun meshsim runs plans; run your own functions with `meshsim launch`")
         index, self.plans = self.plans, self.plans + 1
         wait_s = deadlines.torch_wait(work.deadline)  # store waits outlast the deadline: the watchdog reports
         self.progress.begin(index)

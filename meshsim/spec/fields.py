@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..deadlines import MAX_S
+from ..errors import InputError
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """A plan that says something impossible (unknown op, unknown handle, bad rank, ...)."""
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import tomli_w
-import tomllib
 
 from .fields import PlanError, flatten_layout, layout_shape
 
@@ -153,7 +154,7 @@ class Plan:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         raw = data.get("step", data.get("steps"))
         if not isinstance(raw, list) or not raw:
             raise PlanError("a plan needs a non-empty list of steps ([[step]] tables)")
@@ -171,14 +172,14 @@ class Plan:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
     @classmethod
-    def from_toml(cls, text: str) -> "Plan":
+    def from_toml(cls, text: str) -> Plan:
         return cls.from_dict(tomllib.loads(text))
 
     def describe(self) -> list[str]:

@@ -15,3 +15,16 @@ class Platform:
 
 
 CPU = Platform()
+
+
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl", "auto")  # what --backend and Cluster(backend=) take
+
+
+def uses_nccl(backend: str) -> bool:
+    """Whether ranks of this (resolved) backend run on GPUs: "nccl", or a device map that gives cuda to nccl."""
+    return "nccl" in backend
+
+
+def platform_for(backend: str) -> Platform:
+    """The platform of ranks on this resolved backend: NCCL ranks have a GPU each, and default to cuda meshes."""
+    return Platform("cuda", True) if uses_nccl(backend) else CPU

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InputError
+
 MAX_WORLD = 1 << 20  # the model tier's reach; each executor has its own, smaller limit
 
 
-class TopologyError(ValueError):
+class TopologyError(InputError):
     """A topology that cannot exist (zero hosts, a world too large to simulate)."""
 
 
@@ -63,7 +65,7 @@ class Topology:
         return f"{self.hosts}x{self.devices_per_host}"
 
     @classmethod
-    def parse(cls, text: str) -> "Topology":
+    def parse(cls, text: str) -> Topology:
         """'2x4' -> Topology(2, 4)."""
         try:
             hosts, devices = (int(part) for part in text.lower().split("x"))

@@ -1,4 +1,5 @@
 from torch.distributed.device_mesh import init_device_mesh
+
 mesh_2d = init_device_mesh("cuda", (2, 4), mesh_dim_names=("replicate", "shard"))
 
 # Users can access the underlying process group thru `get_group` API.

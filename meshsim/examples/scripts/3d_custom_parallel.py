@@ -1,4 +1,5 @@
 from torch.distributed.device_mesh import init_device_mesh
+
 mesh_3d = init_device_mesh("cuda", (2, 2, 2), mesh_dim_names=("replicate", "shard", "tp"))
 
 # Users can slice child meshes from the parent mesh.

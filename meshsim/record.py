@@ -1,12 +1,33 @@
-"""What the controller saw of each rank while something ran: progress, results, deaths, stacks."""
+"""The observation record: how every kind of run ended, rank by rank, and where each rank was.
+
+Every executor (process, thread, fake, model, torchrun), every kind of work (a plan, a user function, a script)
+and a replayed incident end in a RunRecord; meshsim.judge judges it with one rule. A RankState is built from the
+rank's live progress messages (meshsim.wire), so a rank stuck inside C++ is located too: the call it waits in,
+and for every group, the sequence of calls it issued there.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wire import (DIED, FINISHED, RAISED, STUCK, Batch, CallBegun, CallReturned, FunctionBegun, MeshBuilt,
-                    StepBegun, dispatch)
+from .wire import (
+    DIED,
+    FINISHED,
+    RAISED,
+    STUCK,
+    Batch,
+    CallBegun,
+    CallReturned,
+    FunctionBegun,
+    MeshBuilt,
+    StepBegun,
+    dispatch,
+)
+
+STOPPED = ("finished", "deadline", "failure")  # every rank ended; time ran out; a rank died or failed, and after
+# a grace the others were stopped (as torchrun stops a job)
+Site = Any  # where a call was made: a plan's step index, or "file.py:LINE" in user code (None: unknown)
 
 
 @dataclass
@@ -16,19 +37,21 @@ class RankState:
     op: str | None = None
     out: str | None = None
     call: CallBegun | None = None  # while blocked in it
-    calls_on: dict[str, int] = field(default_factory=dict)  # group name -> calls made on it
-    call_log: dict[tuple[str, int], tuple[Any, str]] = field(default_factory=dict)  # (group, seq) -> (step, kind)
+    calls_on: dict[str, int] = field(default_factory=dict)  # group name -> collectives issued on it
+    call_log: dict[tuple[str, int], tuple[Site, str]] = field(default_factory=dict)  # (group, seq) -> (site, kind)
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
-    meshes: list[tuple] = field(default_factory=list)  # (shape, names, ranks) of each mesh whose groups it made
+    meshes: list[tuple] = field(default_factory=list)  # (step, shape, names, ranks) of each mesh it built groups of
+    failed_in: CallBegun | None = None  # the call that raised on this rank (a peer that left makes it raise)
+    failure: str = ""  # what that call raised
     done: bool = False  # sent its result
     observations: list[Any] | None = None
     end: str | None = None  # FINISHED | RAISED | DIED | STUCK (meshsim.wire)
     end_step: int | None = None
     exitcode: int | None = None
     output: str = ""  # what the rank printed (stdout and stderr) during this run
-    value: Any = None  # a user function's result
+    value: Any = None  # a user function's result, or a script's ScriptDone
     group_count: int = 0  # torch's group counter on the rank when it finished
 
     def __post_init__(self) -> None:
@@ -51,13 +74,16 @@ class RankState:
                 self.created_as[event.group] = str(event.context[1])
         else:
             self.calls_on[event.group] = event.seq + 1
-            self.call_log[(event.group, event.seq)] = (self.step, event.kind)
+            self.call_log[(event.group, event.seq)] = (event.site if event.site is not None else self.step,
+                                                       event.kind)
 
     def _batch(self, event: Batch) -> None:
         for inner in event.events:
             self.on_event(inner)
 
     def _returned(self, event: CallReturned) -> None:
+        if event.error is not None:
+            self.failed_in, self.failure = self.call, event.error
         self.call = None
 
     def _mesh(self, event: MeshBuilt) -> None:
@@ -67,20 +93,31 @@ class RankState:
         self.step, self.out, self.call = 0, None, None
         self.op = "script" if event.name == "script" else "function"
 
+    def sequence(self, group: str) -> list[tuple[Site, str]]:
+        """The calls this rank issued on `group`, in order: (site, kind)."""
+        return [self.call_log.get((group, seq), (None, "?")) for seq in range(self.calls_on.get(group, 0))]
+
     @property
     def where(self) -> str:
         """Where the rank is, in words."""
         if self.end == DIED:
             return f"died (exit code {self.exitcode}) in step {self.step} ({self.op})"
         if self.end == RAISED:
+            if self.failed_in is not None:
+                return f"raised in {self.failed_in.kind} on group {list(self.failed_in.ranks)}: {self.failure}"
+            if self.op == "function":
+                return "raised in the user function"
+            if self.op == "script":
+                return "exited non-zero (or raised) in the script"
             if self.end_step is None:
                 return "failed (exited non-zero or raised)"
             return f"raised in step {self.end_step} and left the plan"
         if self.done:
             return FINISHED
-        at = {"function": "in the user function", "script": "in the script"}.get(self.op, f"step {self.step}")
+        at = {"function": "in the user function", "script": "in the script"}.get(self.op or "", f"step {self.step}")
         if self.call is not None:
-            return f"in {self.call.kind} on group {list(self.call.ranks)} ({at})"
+            site = f" at {self.call.site}" if self.call.site else ""
+            return f"in {self.call.kind} on group {list(self.call.ranks)} ({at}{site})"
         if self.step is None:
             return "has not started"
         if self.step == -1:
@@ -102,6 +139,7 @@ class RunRecord:
     checked: list[int] | None = None  # the ranks that ran (None: all); the others are not judged
     moves_data: bool = True  # False on the fake tier: collectives return nothing to check
     notes: list[str] = field(default_factory=list)  # what this tier could not check, in words
+    stopped: str = "finished"  # what ended the run (STOPPED)
 
     @property
     def died(self) -> list[int]:

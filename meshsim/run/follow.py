@@ -1,0 +1,131 @@
+"""The one loop that follows a run on worker processes: the process, thread and fake tiers all use it.
+
+A worker hosts one rank (process tier) or many (a thread host, a fake player); a message from a worker that
+hosts many carries its rank (meshsim.wire.FromRank). The loop reads every worker's progress until each rank has
+sent its result, a worker died (then the others get a short grace), or time ran out. Time runs from the start of
+the run, or, where a worker plays its ranks one after another (fake), from the last message of that worker.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import deadlines
+from ..record import RankState
+from ..wire import (
+    DIED,
+    FINISHED,
+    RAISED,
+    FromRank,
+    FunctionDone,
+    PlanDone,
+    RankDied,
+    ScriptDone,
+)
+from .generation import Worker
+
+
+@dataclass
+class Hosted:
+    """A worker and the ranks it still owes a result."""
+
+    worker: Worker
+    pending: list[int]
+    heard: float = field(default_factory=time.monotonic)
+
+
+def absorb(state: RankState, message: Any) -> bool:
+    """Take one message of a rank into its state; True once it is how the rank ended."""
+    if isinstance(message, RankDied):  # a rank that is a thread or a loop iteration "died" (exit/kill fault)
+        state.end, state.exitcode = DIED, message.exitcode
+        return True
+    if isinstance(message, PlanDone):
+        state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
+    elif isinstance(message, FunctionDone):
+        state.value, state.end = message.value, FINISHED if message.ok else RAISED
+    elif isinstance(message, ScriptDone):
+        state.value, state.end = message, FINISHED if message.exit_code == 0 else RAISED
+    else:
+        state.on_event(message)  # progress; any other kind is refused there
+        return False
+    state.group_count, state.done = message.group_count, True
+    return True
+
+
+def follow(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, *,
+           from_last_message: bool = False, stop_on_failure: bool = False,
+           echo: Callable[[], None] | None = None) -> tuple[set[int], str]:
+    """Follow until every rank has ended or time is up; returns the ranks still pending (stuck), and what stopped
+    the run (meshsim.record.STOPPED: every rank ended, the deadline, or a failure and its grace).
+
+    from_last_message: a worker's time restarts with each message it sends (a worker that plays ranks in turn);
+    stop_on_failure: a rank that raises stops the run after a grace, as torchrun stops a job; echo: called about
+    five times a second while the run goes on (live output).
+    """
+    first_death: float | None = None
+    with selectors.DefaultSelector() as selector:
+        for host in hosted:
+            selector.register(host.worker.conn, selectors.EVENT_READ, (host, False))
+            selector.register(host.worker.process.sentinel, selectors.EVENT_READ, (host, True))
+        while any(h.pending for h in hosted):
+            now = time.monotonic()
+            limits = [(h.heard if from_last_message else started) + deadline for h in hosted if h.pending]
+            limit = min(limits) if from_last_message else started + deadline
+            if first_death is not None:
+                limit = min(limit, first_death + deadlines.DEATH_GRACE_S)
+            if limit - now <= 0:
+                break
+            if echo is not None:
+                echo()
+            timeout = limit - now if echo is None else min(limit - now, 0.2)
+            for key, _ in selector.select(timeout=timeout):
+                host, is_sentinel = key.data
+                if not host.pending:
+                    continue
+                ended, died, raised = _drain(host, states)
+                if died or (raised and stop_on_failure) or ((ended or is_sentinel) and _bury(host, states)):
+                    first_death = first_death or time.monotonic()
+                if not host.pending:
+                    selector.unregister(host.worker.conn)
+                    selector.unregister(host.worker.process.sentinel)
+    if echo is not None:
+        echo()
+    pending = {rank for h in hosted for rank in h.pending}
+    return pending, "finished" if not pending else "failure" if first_death is not None else "deadline"
+
+
+def _drain(host: Hosted, states: list[RankState]) -> tuple[bool, bool, bool]:
+    """Read what the worker sent. Returns (its pipe ended, one of its ranks died, one raised)."""
+    died = raised = False
+    try:
+        while host.pending and host.worker.readable():
+            message = host.worker.conn.recv()
+            rank = host.pending[0] if len(host.pending) == 1 and not isinstance(message, FromRank) else None
+            if isinstance(message, FromRank):
+                rank, message = message.rank, message.message
+            if rank is None or rank not in host.pending:
+                continue
+            host.heard = time.monotonic()
+            if absorb(states[rank], message):
+                host.pending.remove(rank)
+                died = died or states[rank].end == DIED
+                raised = raised or states[rank].end == RAISED
+    except (EOFError, OSError):
+        return True, died, raised
+    return False, died, raised
+
+
+def _bury(host: Hosted, states: list[RankState]) -> bool:
+    """The worker is gone (its pipe ended, or it exited): its pending ranks died with it. True if any did."""
+    worker = host.worker
+    worker.process.join(0.5)
+    _drain(host, states)  # what it said before it died
+    dead = list(host.pending)
+    for rank in dead:
+        states[rank].end, states[rank].exitcode = DIED, worker.process.exitcode
+    host.pending.clear()
+    return bool(dead)

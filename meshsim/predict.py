@@ -103,7 +103,8 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
         prediction.findings.add("from-local-run-check-world")
         prediction.outcome = Quirk(outcome_of((p.end for p in preds), hung=False), outcome,
                                    "from-local-run-check-world")
-    deaths = [min([p.end_step] + [c.step for c in p.calls[-1:]]) for p in preds if p.end == DIED]
+    deaths = [min([p.end_step if p.end_step is not None else len(plan.steps)] + [c.step for c in p.calls[-1:]])
+              for p in preds if p.end == DIED]
     if deaths:
         # Peers of a dead rank see whatever their transport reports (connection closed, timeouts), from the
         # step of its last call on: a peer may still be finishing that call (a gloo connect) when it dies.
@@ -321,13 +322,15 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
         calls = preds[rank].calls
         return calls[pos[rank]] if pos[rank] < len(calls) else None
 
+    def at_same(member: int, call: Call) -> bool:
+        theirs = current(member)
+        return theirs is not None and (theirs.key, theirs.kind) == (call.key, call.kind)
+
     stuck = []
     for rank in range(len(preds)):
-        call = current(rank)
-        if call is not None:
-            missing = tuple(m for m in call.members
-                            if current(m) is None or (current(m).key, current(m).kind) != (call.key, call.kind))
-            stuck.append(Stuck(rank, call, missing))
+        waits_in = current(rank)
+        if waits_in is not None:
+            stuck.append(Stuck(rank, waits_in, tuple(m for m in waits_in.members if not at_same(m, waits_in))))
     return stuck, mismatched
 
 

@@ -8,6 +8,7 @@ and for every group, the sequence of calls it issued there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,8 @@ class RankState:
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
-    meshes: list[tuple] = field(default_factory=list)  # (step, shape, names, ranks) of each mesh it built groups of
+    # (step, shape, names, ranks) of each mesh it built the groups of
+    meshes: list[tuple[Any, ...]] = field(default_factory=list)
     failed_in: CallBegun | None = None  # the call that raised on this rank (a peer that left makes it raise)
     failure: str = ""  # what that call raised
     done: bool = False  # sent its result
@@ -55,15 +57,16 @@ class RankState:
     group_count: int = 0  # torch's group counter on the rank when it finished
 
     def __post_init__(self) -> None:
-        self._handlers = {StepBegun: self._step, CallBegun: self._call, CallReturned: self._returned,
-                          MeshBuilt: self._mesh, FunctionBegun: self._function, Batch: self._batch}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StepBegun: self._step, CallBegun: self._call, CallReturned: self._returned, MeshBuilt: self._mesh,
+            FunctionBegun: self._function, Batch: self._batch}
 
     def on_event(self, event: Any) -> None:
         """Follow one progress message (meshsim.wire); any other kind is refused."""
         dispatch(event, self._handlers)
 
     def _step(self, event: StepBegun) -> None:
-        self.step, self.op, self.out, self.call = event.index, event.op, event.out, None
+        self.step, self.op, self.out, self.call = event.step, event.op, event.out, None
 
     def _call(self, event: CallBegun) -> None:
         self.call = event

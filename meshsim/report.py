@@ -117,8 +117,8 @@ def render_output(states: list, console: Console) -> None:
 
 
 def _function_errors(verdict: Any, console: Console) -> None:
-    for ranks, error in _grouped_errors(verdict.results):
-        console.print(f"ranks {ranks}: {error}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+    for which, error in _grouped_errors(verdict.results):
+        console.print(f"ranks {which}: {error}", style="bold red", markup=False, highlight=False, soft_wrap=True)
     tracebacks: dict[str, list[int]] = {}
     for r in verdict.results:
         if r.traceback:

@@ -103,7 +103,7 @@ def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario
     topo = data.get("topology")
     if not isinstance(topo, dict) or set(topo) - {"hosts", "devices_per_host"}:
         raise ScenarioError("needs [topology] with hosts and devices_per_host")
-    topology = Topology(topo.get("hosts"), topo.get("devices_per_host"))
+    topology = Topology(topo.get("hosts"), topo.get("devices_per_host"))  # type: ignore[arg-type]  # it checks
     plan = validate(Plan.from_dict(data), topology.world)
     wait = deadlines.checked(data.get("deadline", DEFAULT_DEADLINE) if deadline is None else deadline)
     expect = _expect(data.get("expect", {}), topology.world)

@@ -23,7 +23,7 @@ FINISHED, RAISED, DIED, STUCK = "finished", "raised", "died", "stuck"
 UNMOVED = {"unmoved": "the fake process group moves no data"}
 
 
-def digest_ints(flat: bytes, shape: list[int]) -> dict:
+def digest_ints(flat: bytes, shape: list[int]) -> dict[str, Any]:
     """A large mesh view, as a digest: `flat` is its ranks as little-endian int64, row-major."""
     import hashlib
 
@@ -48,7 +48,7 @@ def tensor_values(flat: Any) -> Any:
     return {"values_digest": hashlib.blake2b(repr(shown).encode(), digest_size=10).hexdigest(), "numel": len(shown)}
 
 
-def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict:
+def local_observation(local_shape: Any, values: Any, offset: Any, placements: list[str], shape: Any) -> dict[str, Any]:
     """What a rank observes of a DTensor: its spec, its local tensor, and where that sits in the whole."""
     return {"shape": list(shape), "placements": placements, "local_shape": list(local_shape),
             "offset": list(offset), "values": values}
@@ -58,7 +58,7 @@ def is_digest(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"digest", "shape"}
 
 
-def error_value(exc: BaseException) -> dict:
+def error_value(exc: BaseException) -> dict[str, Any]:
     """An exception as an observation: {"error": [type name, message]}."""
     message = str(exc.args[0]) if len(exc.args) == 1 else " ".join(str(a) for a in exc.args)
     return {"error": [type(exc).__name__, message]}
@@ -85,7 +85,7 @@ class RunScript(NamedTuple):
 
     target: str
     is_module: bool
-    argv: list
+    argv: list[str]
     deadline: float
 
 
@@ -94,7 +94,7 @@ class RunRanks(NamedTuple):
 
     plan: Any
     deadline: float
-    ranks: list
+    ranks: list[int]
 
 
 class Teardown(NamedTuple):
@@ -116,7 +116,7 @@ class JoinFailed(NamedTuple):
 
 
 class StepBegun(NamedTuple):
-    index: int  # -1: tearing down the previous plan
+    step: int  # -1: tearing down the previous plan
     op: str
     out: str | None
     time: float
@@ -129,8 +129,8 @@ class CallBegun(NamedTuple):
     ranks: tuple[int, ...]
     group: str
     seq: int
-    context: tuple | None  # (mesh handle or label, dim[, group coordinate]) when known
-    site: str | None = None  # where in the user's code ("train.py:42"); None inside a plan (its step says)
+    context: tuple[Any, ...] | None  # (mesh handle or label, dim[, group coordinate]) when known
+    site: str | int | None = None  # where in the user's code ("train.py:42"), or a plan's step; None: unknown
 
 
 class CallReturned(NamedTuple):
@@ -140,7 +140,7 @@ class CallReturned(NamedTuple):
 class Batch(NamedTuple):
     """Several progress messages in one: a plan's "call returned" rides with the message that follows it."""
 
-    events: tuple
+    events: tuple[Any, ...]
 
 
 class FunctionBegun(NamedTuple):
@@ -156,7 +156,7 @@ class MeshBuilt(NamedTuple):
 
 
 class PlanDone(NamedTuple):
-    observations: list
+    observations: list[Any]
     end: str  # FINISHED | RAISED
     end_step: int | None
     group_count: int

@@ -170,7 +170,7 @@ def _sequence_culprits(states: list[RankState], call: CallBegun, divergent: set[
     return Blame(KINDS["skipped"], [])
 
 
-def _odd_camps(camps: dict[Any, list[int]], seqs: dict[int, list], k: int, states: list[RankState],
+def _odd_camps(camps: dict[Any, list[int]], seqs: dict[int, list[Any]], k: int, states: list[RankState],
                divergent: set[int]) -> list[int]:
     """The ranks outside the largest camp; between camps of equal size: who skipped by the sites, then the plan's
     divergent ranks, then those that stopped calling on the group."""
@@ -189,7 +189,7 @@ def _odd_camps(camps: dict[Any, list[int]], seqs: dict[int, list], k: int, state
     return sorted(m for ranks in camps.values() for m in ranks)
 
 
-def _is_ahead(entry: Any, camps: dict[Any, list[int]], seqs: dict[int, list], k: int) -> bool:
+def _is_ahead(entry: Any, camps: dict[Any, list[int]], seqs: dict[int, list[Any]], k: int) -> bool:
     """Whether the camp that made `entry` at position k skipped a call: what it made there is what every other
     camp makes next, at k + 1 (sites must say where calls come from for this to tell anything)."""
     site, _ = entry
@@ -212,7 +212,7 @@ def _kind_at(camps: dict[Any, list[int]], odd: list[int], at: dict[int, Any], st
     return KINDS["mismatched"] if len(kinds) > 1 else KINDS["skipped"]
 
 
-def _victims(seqs: dict[int, list], k: int, odd: list[int], at: dict[int, Any],
+def _victims(seqs: dict[int, list[Any]], k: int, odd: list[int], at: dict[int, Any],
              states: list[RankState]) -> dict[int, str]:
     """What the others did at the position where the culprits parted: a rank that completed a call there, paired
     with a culprit's other call, completed a mismatched collective; the rest wait."""
@@ -285,7 +285,7 @@ def _mesh_divergence(states: list[RankState]) -> Blame | None:
     return None
 
 
-def _describe_camps(camps: dict) -> str:
+def _describe_camps(camps: dict[Any, list[int]]) -> str:
     parts = []
     for key, ranks in sorted(camps.items(), key=lambda kv: -len(kv[1])):
         who = f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
@@ -299,7 +299,7 @@ def _describe_camps(camps: dict) -> str:
     return "The meshes disagree: " + "; ".join(parts) + "."
 
 
-def _mesh_key(entry: tuple) -> tuple:
+def _mesh_key(entry: tuple[Any, ...]) -> tuple[Any, ...]:
     _, shape, _, ranks = entry
     return (tuple(shape), tuple(ranks))
 

@@ -29,13 +29,13 @@ class Wait:
     group_name: str
     mesh: str | None
     mesh_dim: Any
-    group_coordinate: list | None
+    group_coordinate: list[Any] | None
     missing: list[int]
     seq: int = 0  # the call's position on its group
     site: str | None = None  # where in the user's code
     raised: bool = False  # the call raised on this rank (a peer left) rather than waiting on
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "step": self.step, "op": self.op, "call": self.call, "seq": self.seq,
                 "group_ranks": self.group_ranks, "group": self.group_name, "mesh": self.mesh,
                 "mesh_dim": self.mesh_dim, "group_coordinate": self.group_coordinate, "missing": self.missing,
@@ -52,7 +52,7 @@ class Diagnosis:
     stacks: list[tuple[list[int], str]] = field(default_factory=list)
     victims: dict[int, str] = field(default_factory=dict)  # what a rank that is not to blame did
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "culprit_ranks": self.culprits, "summary": self.summary,
                 "waiting": [w.to_json() for w in self.waits],
                 "elsewhere": {str(r): where for r, where in sorted(self.elsewhere.items())},
@@ -95,7 +95,7 @@ def _wait(state: RankState, states: list[RankState], plan: Any, prediction: Any)
                 missing_from(call, states), call.seq, call.site, state.end == RAISED)
 
 
-def _group_coordinate(state: RankState, plan: Any, prediction: Any, handle: str | None, dim: Any) -> list | None:
+def _group_coordinate(state: RankState, plan: Any, prediction: Any, handle: str | None, dim: Any) -> list[Any] | None:
     """The group's place in its mesh: this rank's coordinate with the group's dim as '*'."""
     if plan is None or prediction is None or handle is None or dim is None or state.step is None:
         return None
@@ -104,7 +104,7 @@ def _group_coordinate(state: RankState, plan: Any, prediction: Any, handle: str 
             summary = torch_side(prediction.expected(state.rank, index))
             if not isinstance(summary, dict) or summary.get("coordinate") is None:
                 return None
-            coordinate: list = list(summary["coordinate"])
+            coordinate: list[Any] = list(summary["coordinate"])
             names = summary.get("names") or []
             position = names.index(dim) if isinstance(dim, str) and dim in names else dim
             if isinstance(position, int) and -len(coordinate) <= position < len(coordinate):

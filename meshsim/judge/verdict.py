@@ -55,7 +55,7 @@ class Difference:
     def ranks(self) -> list[int]:
         return sorted(r for rows, _, _ in self.rows for r in rows)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "op": self.op, "handle": self.handle, "path": self.path,
                 "ranks": self.ranks,
                 "rows": [{"ranks": r, "expected": to_json(e), "observed": o} for r, e, o in self.rows]}
@@ -67,7 +67,7 @@ class FindingHit:
     where: list[str] = field(default_factory=list)  # "step 3 dims[0].local_rank"
     ranks: set[int] = field(default_factory=set)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         f = F.get(self.finding)
         return {"id": self.finding, "title": f.title, "kind": f.kind, "where": self.where[:10],
                 "ranks": sorted(self.ranks)}
@@ -194,7 +194,7 @@ class Verdict:
 
         return verdict_summary(self)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "work": self.work,
             "outcome": self.outcome,
@@ -246,8 +246,8 @@ def _rank_result(state: RankState) -> RankResult:
 def _outcome_ok(expected: Any, outcome: str) -> bool:
     if isinstance(expected, Quirk):
         torch_ok = outcome == expected.torch or expected.torch == UNDEFINED
-        return outcome == expected.right or (torch_ok and F.applies(expected.finding, torch_version()))
-    return outcome == expected
+        return outcome == expected.right or (torch_ok and bool(F.applies(expected.finding, torch_version())))
+    return bool(outcome == expected)
 
 
 def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: Prediction | None = None,
@@ -324,10 +324,10 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
     return differences, hits
 
 
-_digests: dict[int, tuple[Any, dict]] = {}  # id(expected view) -> (view, digest): views are shared by ranks
+_digests: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(expected view) -> (view, digest): views are shared by ranks
 
 
-def digest_of(expected: Any) -> dict:
+def digest_of(expected: Any) -> dict[str, Any]:
     """The model's view digested as the fake tier digests torch's (meshsim.wire.digest_ints)."""
     hit = _digests.get(id(expected))
     if hit is not None and hit[0] is expected:
@@ -343,7 +343,7 @@ def digest_of(expected: Any) -> dict:
     return digest
 
 
-def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple]:
+def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple[Any, ...]]:
     """Differences between one expectation and one observation: (kind, path, expected, observed, finding)."""
     if expected is observed or observed == UNMOVED:
         return []  # the fake tier's collectives: nothing to compare (the report says so)
@@ -391,12 +391,13 @@ def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple
     return [("diff", path, expected, observed, None)]
 
 
-def _collapse_list(out: list[tuple], path: str, expected: list, observed: list) -> list[tuple]:
+def _collapse_list(out: list[tuple[Any, ...]], path: str, expected: list[Any], observed: list[Any]
+                   ) -> list[tuple[Any, ...]]:
     """A list that differs in its elements reads better as one difference of the whole list."""
     if any(kind == "diff" for kind, *_ in out) and all(not isinstance(e, (dict, Quirk)) for e in expected):
         return [t for t in out if t[0] == "finding"] + [("diff", path, expected, observed, None)]
     return out
 
 
-def _diffs(items: list[tuple]) -> bool:
+def _diffs(items: list[tuple[Any, ...]]) -> bool:
     return any(kind == "diff" for kind, *_ in items)

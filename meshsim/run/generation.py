@@ -107,7 +107,7 @@ class Generation:
         self._await_ready(timeout_s)
 
     def _await_ready(self, timeout_s: float) -> None:
-        waiting = {w.conn: w for w in self.workers}
+        waiting: dict[Any, Worker] = {w.conn: w for w in self.workers}
         end = time.monotonic() + timeout_s
         while waiting:
             left = end - time.monotonic()
@@ -117,7 +117,7 @@ class Generation:
             for conn in wait(list(waiting), timeout=left):
                 worker = waiting.pop(conn)
                 try:
-                    message = conn.recv()
+                    message = worker.conn.recv()
                 except (EOFError, OSError):
                     worker.process.join(1.0)
                     raise ClusterError(

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from ..wire import Batch, CallBegun, CallReturned, MeshBuilt
@@ -90,8 +91,8 @@ def _plumbing() -> tuple[tuple[str, ...], str]:
     import torch
 
     meshsim_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dirs = [os.path.dirname(m.__file__) for m in (torch, dill, multiprocess)] + [meshsim_dir,
-                                                                                 sysconfig.get_paths()["stdlib"]]
+    dirs = [os.path.dirname(str(m.__file__)) for m in (torch, dill, multiprocess)]
+    dirs += [meshsim_dir, sysconfig.get_paths()["stdlib"]]
     return tuple(d + os.sep for d in dirs), os.path.join(meshsim_dir, "examples") + os.sep
 
 
@@ -104,7 +105,7 @@ def user_site() -> str | None:
     if _PLUMBING is None:
         _PLUMBING = _plumbing()
     plumbing, examples = _PLUMBING
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         if path.startswith(examples) or not (path.startswith(plumbing) or path.startswith("<frozen")):
@@ -117,9 +118,11 @@ _default: Progress | None = None  # the process's rank
 _local = threading.local()  # a thread's rank, where ranks are threads (meshsim.run.threads)
 
 
-def current() -> Progress | None:
-    """The progress of the rank running on this thread."""
-    return getattr(_local, "progress", None) or _default
+def current() -> Progress:
+    """The progress of the rank running on this thread (install() has run: every hook that asks is installed)."""
+    found = getattr(_local, "progress", None) or _default
+    assert found is not None, "meshsim's progress hooks ran before install()"
+    return found
 
 
 def bind_thread(progress: Progress) -> None:
@@ -206,7 +209,7 @@ def install(progress: Progress) -> None:
             pass
         return group
 
-    DeviceMesh.get_group = get_group
+    DeviceMesh.get_group = get_group  # type: ignore[method-assign]
 
     original_init_groups = DeviceMesh._init_process_groups
 
@@ -219,7 +222,7 @@ def install(progress: Progress) -> None:
             pass
         return original_init_groups(layout, rank_map, mesh_dim_names, backend_override)
 
-    DeviceMesh._init_process_groups = staticmethod(init_process_groups)
+    DeviceMesh._init_process_groups = staticmethod(init_process_groups)  # type: ignore[method-assign]
 
 
 def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:

@@ -273,6 +273,7 @@ class RankSession:
         device_type = platform_for(backend).device
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        client: Any
         if store is not None:
             host, port, prefix = store
             client = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))

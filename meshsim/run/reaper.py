@@ -40,6 +40,7 @@ class Reaper:
                                         text=True, start_new_session=True, close_fds=True)
 
     def _say(self, line: str) -> None:
+        assert self.process.stdin is not None  # Popen(stdin=PIPE)
         try:
             self.process.stdin.write(line + "\n")
             self.process.stdin.flush()
@@ -53,6 +54,7 @@ class Reaper:
         self._say(f"-{pgid}")
 
     def close(self) -> None:
+        assert self.process.stdin is not None
         try:
             self.process.stdin.close()
         except OSError:

@@ -90,7 +90,7 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         )
 
         torch.set_num_threads(1)
-        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # group names registered per thread
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # names per thread
         _install_threaded_pg()
         _reduce_scatter_max_and_min()
         store = dist.HashStore()
@@ -105,8 +105,8 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
                 conn.send(FromRank(rank, message))
         return send
 
-    joined: queue.Queue = queue.Queue()
-    inboxes = [queue.Queue() for _ in range(world)]
+    joined: queue.Queue[tuple[int, Any]] = queue.Queue()
+    inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(world)]
     for rank in range(world):
         threading.Thread(target=_rank_thread, args=(rank, world, store, sender(rank), inboxes[rank], joined,
                                                      spec.start_timeout_s),
@@ -286,4 +286,4 @@ def _reduce_scatter_max_and_min() -> None:
                     result = pick(result, chunk)
                 outputs[0].detach().copy_(result)
 
-    threaded.ReduceScatter = ReduceScatter
+    threaded.ReduceScatter = ReduceScatter  # type: ignore[misc]

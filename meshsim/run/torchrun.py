@@ -174,12 +174,12 @@ class TorchrunExecutor:
         self.backend = resolve_backend(backend, self.local_world)
         self.platform = platform_for(self.backend)  # for the model
         self.on_hang = on_hang
-        self.progress: StoreProgress | None = None
         for module in WARM_MODULES:  # before any deadline, as the local cluster's forkserver does
             importlib.import_module(module)
+        # (the session reports progress only once a plan runs, by when self.progress exists)
         self.session = RankSession.join(self.backend, self.rank, self.world, lambda e: self.progress.send(e))
         self.store = self.session.store = _prefixed(self.session.store)
-        self.progress = StoreProgress(self.store, self.rank)
+        self.progress: StoreProgress = StoreProgress(self.store, self.rank)
         self.plans = 0
         self.watchdog = Watchdog(self._past_deadline)
 

@@ -52,6 +52,7 @@ def layout_shape(value: Any, depth: int = 0) -> tuple[int, ...] | None:
     if len(shapes) != 1 or None in shapes:
         return None
     inner = shapes.pop()
+    assert inner is not None  # (None was refused above)
     if inner == () and not all(is_int(v) for v in value):
         return None
     return (len(value),) + inner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
@@ -12,7 +13,7 @@ MAX_DTENSOR_DIMS = 4
 _PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((" + "|".join(REDUCE_OPS) + r")\)")
 
 
-def parse_placement(text: str) -> tuple:
+def parse_placement(text: str) -> tuple[Any, ...]:
     """"S(d)" -> ("S", d), "R" -> ("R",), "P(op)" -> ("P", op)."""
     match = _PLACEMENT.fullmatch(text) if isinstance(text, str) else None
     if match is None:
@@ -22,7 +23,7 @@ def parse_placement(text: str) -> tuple:
     return ("S", int(match.group(1))) if match.group(1) is not None else ("P", match.group(2))
 
 
-def placement_text(p: tuple) -> str:
+def placement_text(p: tuple[Any, ...]) -> str:
     return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"
 
 

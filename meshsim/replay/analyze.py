@@ -131,10 +131,11 @@ def _wait(incident: Incident, rank: int, call: Call) -> Wait:
             continue
         other = incident.ranks[m]
         count = other.issued(call.group)
-        if not other.dumped or (count is not None and count < call.seq):
-            missing.append(m)
-            continue
         theirs = other.at(call.group, call.seq)
+        queued = theirs is not None and not theirs.finished and other.held is not None and other.held != theirs
+        if not other.dumped or (count is not None and count < call.seq) or queued:
+            missing.append(m)  # not issued, or (NCCL) enqueued behind a call it is held up in
+            continue
         if theirs is not None and theirs.signature() != call.signature():
             mismatched.append(m)
     return Wait(rank, call, missing, mismatched)

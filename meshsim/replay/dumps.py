@@ -59,11 +59,15 @@ class DumpSet:
         return {d.rank: d for d in self.dumps}
 
 
+class _NamesGlobal(pickle.UnpicklingError):
+    pass
+
+
 class _PlainData(pickle.Unpickler):
     """Flight Recorder writes dicts, lists, tuples, strings, numbers: anything that names a global is not one."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"it names {module}.{name}, which a Flight Recorder dump never does")
+        raise _NamesGlobal(f"it names {module}.{name}, which a Flight Recorder dump never does; nothing of it ran")
 
 
 def read_dir(directory: str) -> DumpSet:
@@ -86,8 +90,10 @@ def read_dir(directory: str) -> DumpSet:
         raise ReplayError(f"{directory}: no Flight Recorder dump in it (a dump's name ends with its rank, "
                           f"as in nccl_trace_rank_0)")
     if len(prefixes) > 1:
-        named = ", ".join(f"{p or '(none)'}* ({len(v)} files)" for p, v in sorted(prefixes.items()))
-        raise ReplayError(f"{directory}: dumps with different name prefixes ({named}): one job's dumps only, please")
+        ranked = sorted(prefixes.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        odd = ranked[-1][1][0]
+        raise ReplayError(f"{odd}: its name prefix {ranked[-1][0]!r} is not the {ranked[0][0]!r} of the other "
+                          f"{len(ranked[0][1])} dumps in {directory}: one job's dumps only, please")
     (prefix, paths), = prefixes.items()
     reader, loader = _torch_reader()
     dumps: list[Dump] = []
@@ -144,6 +150,8 @@ def _plain(path: str, raw: bytes) -> dict:
         data = _PlainData(io.BytesIO(raw)).load()
     except RecursionError:
         raise ReplayError(f"{path}: not a Flight Recorder dump (nested too deeply)") from None
+    except _NamesGlobal as exc:
+        raise ReplayError(f"{path}: refused: {exc}") from None
     except Exception as exc:  # a pickle can fail in many ways; every one means this file is not a dump
         what = "truncated" if isinstance(exc, EOFError) or "truncated" in str(exc) else "not a pickle"
         raise ReplayError(f"{path}: not a Flight Recorder dump ({what}: {type(exc).__name__}: "

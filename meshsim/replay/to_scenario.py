@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analyze import DEAD, STALLED, Analysis
+from .analyze import DEAD, MISMATCH, STALLED, Analysis
 from .incident import COMPLETED, RETIRED, UNSEEN, WORLD_DESC, Call, Incident, _ranks_text
 
 BIG = 1 << 16  # elements: beyond this a replayed tensor only needs to be told apart from other sizes
@@ -55,6 +55,7 @@ class Step:
     token: tuple  # (role, plan op, numel, site)
     ranks: set[int] = field(default_factory=set)
     calls: dict[int, Call] = field(default_factory=dict)
+    fault: dict | None = None  # a sleep or exit the replay adds, written as it is
 
 
 @dataclass
@@ -92,12 +93,9 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
         programs[rank] = [( _token(incident, c, replaced, sizes), c) for c in calls]
     steps = _merge(programs)
     plan: list[dict] = _creation_steps(incident, handles, steps)
-    extra = _faults(incident, analysis, steps, deadline)  # before the tables: a dead rank joins steps
+    _faults(incident, analysis, steps, deadline, replaced)  # before the tables: a dead rank joins steps
     _carry_on(incident, steps)
-    body = [_step_table(incident, s, handles, sizes) for s in steps]
-    for position, table in sorted(extra, key=lambda x: -x[0]):
-        body.insert(position, table)
-    plan += body
+    plan += [s.fault if s.fault is not None else _step_table(incident, s, handles, sizes) for s in steps]
     crashed = any(c.kind == DEAD for c in analysis.causes)
     expect: dict[str, Any] = {"outcome": "crash" if crashed else "hang"}
     if analysis.culprits:
@@ -281,28 +279,55 @@ def _select(table: dict, ranks: set[int], eligible: set[int], world: int) -> Non
         table["only_on"] = sorted(ranks)
 
 
-def _faults(incident: Incident, analysis: Analysis, steps: list[Step], deadline: float) -> list[tuple[int, dict]]:
-    """Where ranks stop: a rank without a dump exits before the first call its peers did not complete with
-    it (and makes every earlier one, so its peers' completed calls complete again); a rank that stalled
-    sleeps past the deadline after its last call. Positions index the body of the plan."""
-    out: list[tuple[int, dict]] = []
+def _faults(incident: Incident, analysis: Analysis, steps: list[Step], deadline: float, replaced: dict) -> None:
+    """Where ranks stop, as steps of their own:
+
+    - a rank without a dump makes every call its peers completed with it, then exits before the first one
+      they did not;
+    - a rank that stalled sleeps past the deadline after its last call;
+    - a rank whose call differs from its peers' only in sizes or dtypes sleeps in its place: NCCL hangs on
+      such a call, but gloo, where replays run, aborts a rank or returns wrong sums instead (finding
+      gloo-size-mismatch-silent), so the replay keeps where the rank was held, not what it passed.
+    """
+    seconds = min(max(STALL_S, 10 * deadline), 86400.0)
+    for cause in analysis.causes:
+        if cause.kind != MISMATCH or not _sizes_only(incident, cause):
+            continue
+        for index, step in enumerate(steps):
+            call = step.calls.get(cause.rank)
+            if call is not None and call.group == cause.group and call.seq == cause.seq:
+                step.ranks.discard(cause.rank)
+                del step.calls[cause.rank]
+                steps.insert(index, Step(("fault",), {cause.rank}, fault={"op": "sleep", "seconds": seconds,
+                                                                          "only_on": [cause.rank]}))
+                if not step.ranks:
+                    steps.remove(step)
+                replaced[f"rank {cause.rank}'s {call.op} of other sizes than its peers' is replayed as a sleep in "
+                         f"its place: gloo, where replays run, does not hang on it as NCCL does (it aborts a rank "
+                         f"or returns wrong sums: finding gloo-size-mismatch-silent)"] = None
+                break
     for m in incident.missing:
         position = len(steps)
         for index, step in enumerate(steps):
-            done = _completed_with(incident, step, m)
+            done = None if step.fault is not None else _completed_with(incident, step, m)
             if done is None:
                 continue  # the call is not on a group of m's
             if not done:
                 position = index
                 break
             step.ranks.add(m)
-        out.append((position, {"op": "exit", "code": 1, "only_on": [m]}))
-    stalled = sorted({c.rank for c in analysis.causes if c.kind == STALLED})
-    for r in stalled:
+        steps.insert(position, Step(("fault",), {m}, fault={"op": "exit", "code": 1, "only_on": [m]}))
+    for r in sorted({c.rank for c in analysis.causes if c.kind == STALLED}):
         last = max((i for i, s in enumerate(steps) if r in s.ranks), default=-1)
-        seconds = min(max(STALL_S, 10 * deadline), 86400.0)
-        out.append((last + 1, {"op": "sleep", "seconds": seconds, "only_on": [r]}))
-    return out
+        steps.insert(last + 1, Step(("fault",), {r}, fault={"op": "sleep", "seconds": seconds, "only_on": [r]}))
+
+
+def _sizes_only(incident: Incident, cause: Any) -> bool:
+    """Whether the culprit's call has the others' op, with other sizes or dtypes."""
+    mine = incident.ranks[cause.rank].at(cause.group, cause.seq)
+    others = [incident.ranks[m].at(cause.group, cause.seq) for m in incident.groups[cause.group].ranks
+              if m != cause.rank and incident.ranks[m].dumped]
+    return mine is not None and any(o is not None and o.op == mine.op for o in others)
 
 
 def _carry_on(incident: Incident, steps: list[Step]) -> None:
@@ -312,6 +337,8 @@ def _carry_on(incident: Incident, steps: list[Step]) -> None:
     for rank in range(incident.world):
         last = max((i for i, s in enumerate(steps) if rank in s.ranks), default=-1)
         for step in steps[last + 1:]:
+            if step.fault is not None:
+                continue
             role = step.token[0]
             if role[0] == "mesh" or incident.groups[role[1]].desc == WORLD_DESC or rank in incident.groups[role[1]].ranks:
                 step.ranks.add(rank)

@@ -41,6 +41,7 @@ class TorchAnswer:
     available: bool
     as_dumped: str  # what happened on the dumps as they are: "ran", or the exception in one line
     filled: list[str] = field(default_factory=list)  # what had to be given to it to run at all
+    failed: str | None = None  # it could not run even then
     flags: list[Flag] = field(default_factory=list)  # in the listing order of the files
     by_order: dict[str, tuple] = field(default_factory=dict)  # order name -> answer
 
@@ -60,8 +61,8 @@ class TorchAnswer:
         """In words: the culprits it names, else the missing ranks it lists."""
         if not self.available:
             return "not available in this torch"
-        if not self.flags and self.as_dumped != "ran" and not self.filled:
-            return f"fails: {self.as_dumped}"
+        if self.failed is not None:
+            return f"fails: {self.failed}"
         if self.culprits:
             return f"names culprit rank{'s' if len(self.culprits) > 1 else ''} {self.culprits}"
         if self.missing:
@@ -71,6 +72,7 @@ class TorchAnswer:
 
     def to_json(self) -> dict:
         return {"available": self.available, "as_dumped": self.as_dumped, "filled_in": self.filled,
+                "failed": self.failed,
                 "culprits": self.culprits, "missing": self.missing, "answer": self.answer(),
                 "flags": [f.to_json() for f in self.flags], "order_dependent": self.order_dependent,
                 "answers_by_order": {k: {"culprits": list(v[0]), "missing": list(v[1])}
@@ -100,7 +102,7 @@ def run_torch(dumpset: Any, incident: Incident, shuffles: int = 3) -> TorchAnswe
         with _quiet():
             db, again = _build(build_db, details, args, dumpset.version)
         if again is not None:
-            answer.filled.append(f"and it still fails: {again}")
+            answer.failed = again
             return answer
     else:
         args = plain

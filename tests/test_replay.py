@@ -14,12 +14,11 @@ import random
 import shutil
 import sys
 import time
-import tomllib
 
 import pytest
+import tomllib
 
-from meshsim.replay import analyze as A
-from meshsim.replay.analyze import analyze, to_record
+from meshsim.replay.analyze import DEAD, MISMATCH, SKIPPED, STALLED, analyze, to_record
 from meshsim.replay.dumps import ReplayError, read_dir
 from meshsim.replay.incident import FAILED, build
 from meshsim.replay.to_scenario import to_scenario
@@ -29,15 +28,15 @@ sys.path.insert(0, DATA)
 
 # case -> (culprits, kind): what each script did on purpose
 CASES = {
-    "skip_on_mesh_dim": ([5], A.SKIPPED),
-    "skip_in_loop": ([1], A.SKIPPED),
-    "straggler": ([3], A.STALLED),
-    "wrong_collective_on_new_group": ([2], A.MISMATCH),
-    "rank_exited_early": ([6], A.DEAD),
-    "long_loop_small_buffer": ([6], A.SKIPPED),
-    "unnamed_3d_mesh": ([7], A.SKIPPED),
-    "nccl_skip_on_mesh_dim": ([5], A.SKIPPED),
-    "nccl_size_mismatch_timeout": ([6], A.MISMATCH),
+    "skip_on_mesh_dim": ([5], SKIPPED),
+    "skip_in_loop": ([1], SKIPPED),
+    "straggler": ([3], STALLED),
+    "wrong_collective_on_new_group": ([2], MISMATCH),
+    "rank_exited_early": ([6], DEAD),
+    "long_loop_small_buffer": ([6], SKIPPED),
+    "unnamed_3d_mesh": ([7], SKIPPED),
+    "nccl_skip_on_mesh_dim": ([5], SKIPPED),
+    "nccl_size_mismatch_timeout": ([6], MISMATCH),
 }
 
 
@@ -45,7 +44,7 @@ def dumps_of(case: str) -> str:
     return os.path.join(DATA, case, "dumps")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dumpset(case: str):
     return read_dir(dumps_of(case))
 
@@ -85,7 +84,8 @@ def test_torchs_analyzer_answer_depends_on_the_file_order_where_meshsims_does_no
 def test_gloo_dumps_name_no_group_members_and_torchs_analyzer_fails_on_them_as_they_are():
     from meshsim.replay.torch_analyzer import run_torch
 
-    raw = pickle.load(open(os.path.join(dumps_of("skip_on_mesh_dim"), "fr_trace_rank_0"), "rb"))
+    with open(os.path.join(dumps_of("skip_on_mesh_dim"), "fr_trace_rank_0"), "rb") as f:
+        raw = pickle.load(f)
     assert raw["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}
     assert {e["state"] for e in raw["entries"]} == {"scheduled"}  # only `retired` tells what finished
     answer = run_torch(dumpset("skip_on_mesh_dim"), incident("skip_on_mesh_dim"))
@@ -160,7 +160,8 @@ def test_every_scenario_is_toml_meshsim_reads_and_expects_the_culprits_of_the_du
     analysis = analyze(inc)
     replay = to_scenario(inc, analysis, deadline=5)
     path = replay.save(str(tmp_path / "replay.toml"))
-    assert tomllib.loads(open(path).read()) == replay.data
+    with open(path) as f:
+        assert tomllib.loads(f.read()) == replay.data
     scenario = load(path)
     assert list(scenario.expect.culprit_ranks) == analysis.culprits
     assert scenario.expect.outcome == ("crash" if case == "rank_exited_early" else "hang")
@@ -200,7 +201,8 @@ def _copy(case: str, tmp_path) -> str:
 
 
 def _rewrite(path: str, change) -> None:
-    data = pickle.load(open(path, "rb"))
+    with open(path, "rb") as f:
+        data = pickle.load(f)
     change(data)
     with open(path, "wb") as f:
         pickle.dump(data, f)
@@ -216,15 +218,25 @@ class _Trap:
         return (os.system, (f"touch {self.directory}/it-ran",))
 
 
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _truncate(path: str) -> None:
+    with open(path, "rb") as f:
+        _write(path, f.read()[:400])
+
+
 BAD = {
-    "truncated": lambda d: open(f"{d}/fr_trace_rank_3", "r+b").truncate(400),
-    "not a pickle": lambda d: open(f"{d}/fr_trace_rank_3", "w").write("just text\n"),
+    "truncated": lambda d: _truncate(f"{d}/fr_trace_rank_3"),
+    "not a pickle": lambda d: _write(f"{d}/fr_trace_rank_3", b"just text\n"),
     "unknown version": lambda d: _rewrite(f"{d}/fr_trace_rank_3", lambda x: x.update(version="3.0")),
     "mixed jobs": lambda d: _rewrite(f"{d}/fr_trace_rank_3", lambda x: x.update(version="2.9")),
     "duplicate rank": lambda d: shutil.copy(f"{d}/fr_trace_rank_3", f"{d}/fr_trace_rank_03"),
     "two prefixes": lambda d: shutil.copy(f"{d}/fr_trace_rank_3", f"{d}/other_rank_3"),
     "not a record": lambda d: _rewrite(f"{d}/fr_trace_rank_3", lambda x: x["entries"][0].pop("collective_seq_id")),
-    "names a global": lambda d: pickle.dump({"version": "2.10", "entries": _Trap(d)}, open(f"{d}/fr_trace_rank_3", "wb")),
+    "names a global": lambda d: _write(f"{d}/fr_trace_rank_3", pickle.dumps({"version": "2.10", "entries": _Trap(d)})),
 }
 
 
@@ -250,6 +262,20 @@ def test_the_command_exits_2_with_one_line_and_no_traceback_for_bad_dumps(tmp_pa
     assert main(parser.parse_args([directory, "--tier", "none", "--scenario-out", str(tmp_path / "x.toml")])) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "fr_trace_rank_3" in err
+
+
+def test_a_world_beyond_the_tier_is_refused_in_one_line_after_the_scenario_is_written(tmp_path, capsys):
+    import synth
+
+    from meshsim.replay.cli import add_arguments, main
+
+    synth.write(str(tmp_path / "dumps"), shape=(9, 8), names=("dp", "tp"), steps=1, skip=(3, 0, "dp"))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "big.toml"
+    assert main(parser.parse_args([str(tmp_path / "dumps"), "--scenario-out", str(out)])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "72 ranks" in err and out.exists()
 
 
 def test_the_command_writes_the_scenario_and_reports_both_analyzers(tmp_path, capsys):

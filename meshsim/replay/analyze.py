@@ -132,7 +132,7 @@ def _wait(incident: Incident, rank: int, call: Call) -> Wait:
         other = incident.ranks[m]
         count = other.issued(call.group)
         theirs = other.at(call.group, call.seq)
-        queued = theirs is not None and not theirs.finished and other.held is not None and other.held != theirs
+        queued = theirs is not None and not theirs.finished and other.held is not None and other.held is not theirs
         if not other.dumped or (count is not None and count < call.seq) or queued:
             missing.append(m)  # not issued, or (NCCL) enqueued behind a call it is held up in
             continue
@@ -280,7 +280,8 @@ def _victims(incident: Incident, waits: list[Wait], culprits: list[int], partner
             if w.missing:
                 text += f" for rank{'s' if len(w.missing) > 1 else ''} {_ranks_text(w.missing)}"
             if w.mismatched:
-                text += f"; rank{'s' if len(w.mismatched) > 1 else ''} {_ranks_text(w.mismatched)} made another call there"
+                who = f"rank{'s' if len(w.mismatched) > 1 else ''} {_ranks_text(w.mismatched)}"
+                text += f"; {who} made another call there"
             queued = record.queued
             if queued:
                 text += f"; {len(queued)} more call{'s' if len(queued) > 1 else ''} queued behind it"
@@ -344,8 +345,9 @@ def to_record(incident: Incident, analysis: Analysis | None = None, deadline: fl
         else:
             state.end, state.done = FINISHED, True
         states.append(state)
-    notes = [f"replayed from Flight Recorder dumps in {incident.directory} (version {incident.version}, "
-             f"{incident.backend})"] + list(incident.notes)
+    source = (f"replayed from Flight Recorder dumps in {incident.directory} (version {incident.version}, "
+              f"{incident.backend})")
+    notes = [source, *incident.notes]
     return RunRecord(incident.world, deadline, states, 0.0, True, stacks, tier="replay", notes=notes)
 
 

@@ -84,18 +84,21 @@ def main(args: argparse.Namespace) -> int:
 def _run(scenario: Any, tier: str) -> tuple[Any, str | None]:
     """The scenario on `tier`, judged as `meshsim run` judges it; a world the tier cannot hold is refused."""
     from ..scenario import judge_scenario
-    from ..tiers import TierError, open_executor
+    from ..tiers import open_executor
 
     try:
         executor = open_executor(scenario.topology, tier, deadline=scenario.deadline)
-    except (TierError, ValueError) as exc:
-        return None, f"!{exc}"
-    limit = getattr(executor, "max_world", None)
-    if limit is not None and scenario.topology.world > limit:
-        return None, (f"!a world of {scenario.topology.world} ranks is beyond the {tier} tier ({limit}); the "
-                      f"scenario is written: run it with --tier thread (to 1,024) or model")
-    with executor:
+    except (ValueError, RuntimeError) as exc:  # TierError, or ClusterError: a world beyond the tier
+        return None, f"!the scenario is written, but {exc}"
+    try:
+        executor.start()
+    except (RuntimeError, OSError) as exc:  # ClusterError: the ranks could not start here
+        executor.close()
+        return None, f"!the scenario is written, but the {tier} tier could not start: {exc}"
+    try:
         result = executor.run(scenario.plan, deadline=scenario.deadline)
+    finally:
+        executor.close()
     return judge_scenario(scenario, result), None
 
 

@@ -152,7 +152,8 @@ def _plain(path: str, raw: bytes) -> dict:
         raise ReplayError(f"{path}: not a Flight Recorder dump (nested too deeply)") from None
     except _NamesGlobal as exc:
         raise ReplayError(f"{path}: refused: {exc}") from None
-    except Exception as exc:  # a pickle can fail in many ways; every one means this file is not a dump
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            OverflowError, UnicodeDecodeError, MemoryError) as exc:  # every way a pickle fails: not a dump
         what = "truncated" if isinstance(exc, EOFError) or "truncated" in str(exc) else "not a pickle"
         raise ReplayError(f"{path}: not a Flight Recorder dump ({what}: {type(exc).__name__}: "
                           f"{str(exc)[:120]})") from None
@@ -189,7 +190,7 @@ def _same_job(dumps: list[Dump]) -> None:
 def _torch_reader() -> tuple[Any, str]:
     try:
         from torch.distributed.flight_recorder.components.loader import read_dump
-    except Exception:  # a torch without the analyzer (older, or built without distributed)
+    except ImportError:  # a torch without the analyzer (older, or built without distributed)
         return None, "meshsim's reader (this torch has no torch.distributed.flight_recorder)"
     return read_dump, "torch.distributed.flight_recorder.components.loader.read_dump"
 

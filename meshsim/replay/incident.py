@@ -19,8 +19,9 @@ import itertools
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from .dumps import ReplayError, is_newer_than_known
 
@@ -72,7 +73,7 @@ class Call:
         """What members of a group must agree on for the collective to match (torch's analyzer checks these)."""
         return (self.op, self.in_sizes, self.out_sizes, tuple(self.in_dtypes), tuple(self.out_dtypes))
 
-    def describe(self, groups: dict[str, "Group"] | None = None) -> str:
+    def describe(self, groups: dict[str, Group] | None = None) -> str:
         where = f" at {self.site}" if self.site else ""
         on = groups[self.group].describe() if groups and self.group in groups else f"group {self.group}"
         sizes = "x".join(map(str, self.in_sizes[0])) if len(self.in_sizes) == 1 and self.in_sizes[0] else ""
@@ -90,18 +91,34 @@ class RankRecord:
     status: dict = field(default_factory=dict)  # pg_status as dumped, by pg_id
     pg_id_of: dict[str, int] = field(default_factory=dict)  # group key -> pg_id, seen or inferred
 
+    def __post_init__(self) -> None:
+        self._index: dict[str, dict[int, Call]] | None = None  # group -> seq -> call, built on first use
+        self._held: tuple[Call | None] | None = None
+
     @property
     def dumped(self) -> bool:
         return self.file is not None
 
+    def replace(self, index: int, call: Call) -> None:
+        self.calls[index] = call
+        self._index, self._held = None, None
+
+    def _by_group(self) -> dict[str, dict[int, Call]]:
+        if self._index is None:
+            self._index = {}
+            for c in self.calls:
+                if not c.p2p:
+                    self._index.setdefault(c.group, {})[c.seq] = c
+        return self._index
+
     def on(self, group: str) -> list[Call]:
-        return [c for c in self.calls if c.group == group and not c.p2p]
+        return sorted(self._by_group().get(group, {}).values(), key=lambda c: c.seq)
 
     def issued(self, group: str) -> int | None:
         """How many collectives the rank issued on `group`; None when its dump cannot tell."""
         if not self.dumped:
             return None
-        seqs = [c.seq for c in self.on(group)]
+        seqs = list(self._by_group().get(group, {}))
         # pg_status counts every call of the group, also those the ring buffer has dropped
         status = self.status.get(str(self.pg_id_of.get(group)), {}) if group in self.pg_id_of else {}
         enqueued = status.get("last_enqueued_collective") if isinstance(status, dict) else None
@@ -112,15 +129,14 @@ class RankRecord:
         return None if self.wrapped and group not in self.pg_id_of else 0
 
     def at(self, group: str, seq: int) -> Call | None:
-        for c in self.on(group):
-            if c.seq == seq:
-                return c
-        return None
+        return self._by_group().get(group, {}).get(seq)
 
     @property
     def held(self) -> Call | None:
         """The call that holds the rank up: its oldest unfinished one (NCCL may have queued more behind it)."""
-        return next((c for c in self.calls if not c.finished and not c.p2p), None)
+        if self._held is None:
+            self._held = (next((c for c in self.calls if not c.finished and not c.p2p), None),)
+        return self._held[0]
 
     @property
     def queued(self) -> list[Call]:
@@ -582,7 +598,7 @@ def _names_in_sequence(combo: list) -> bool:
     """Sequential names: each dim's groups start right after the previous dim's, within a mesh and across."""
     previous_end = None
     for _, _, assignment in combo:
-        for dim, slots in assignment.items():
+        for slots in assignment.values():
             named = [(i, g) for i, (_, g) in enumerate(slots) if g is not None]
             if not named:  # an unseen dim: its groups take the next names
                 previous_end = None if previous_end is None else previous_end + len(slots)
@@ -628,7 +644,7 @@ def _members_from_pg_ids(groups: dict[str, Group], ranks: dict[int, RankRecord],
     for rank, record in ranks.items():
         known = sorted((pg_id, groups[key]) for pg_id, key in record.pg_ids.items() if key in groups
                        and groups[key].name.isdigit())
-        for (p, lo), (q, hi) in zip(known, known[1:]):
+        for (p, lo), (q, hi) in itertools.pairwise(known):
             between = [g for g in groups.values() if g.name.isdigit() and int(lo.name) < int(g.name) < int(hi.name)]
             already = [g for g in between if rank in g.ranks]
             unknown = [g for g in between if not g.complete and rank not in g.ranks]
@@ -671,7 +687,7 @@ def _settle_gloo_states(incident: Incident) -> None:
                 count = other.issued(call.group)
                 theirs = other.at(call.group, call.seq)
                 if (count is not None and count < call.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
-                    record.calls[index] = _replace(call, state=FAILED)
+                    record.replace(index, _replace(call, state=FAILED))
                     break
     # A member without a dump never finished a call that a dumped member of its group still waits in, nor
     # any call the program makes after that one: a retired call of such a group that comes later raised.
@@ -688,7 +704,7 @@ def _settle_gloo_states(incident: Incident) -> None:
                     continue
                 key = order.key(call)
                 if key in never or any(order.precedes(k, key) for k in never):
-                    record.calls[index] = _replace(call, state=FAILED)
+                    record.replace(index, _replace(call, state=FAILED))
 
 
 def _replace(call: Call, **changes: Any) -> Call:

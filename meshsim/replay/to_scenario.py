@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .analyze import DEAD, MISMATCH, STALLED, Analysis
-from .incident import COMPLETED, RETIRED, UNSEEN, WORLD_DESC, Call, Incident, _ranks_text
+from .incident import (
+    COMPLETED,
+    RETIRED,
+    UNSEEN,
+    WORLD_DESC,
+    Call,
+    Incident,
+    _ranks_text,
+)
 
 BIG = 1 << 16  # elements: beyond this a replayed tensor only needs to be told apart from other sizes
 STALL_S = 3600.0  # a stalled rank sleeps this long (or ten deadlines), far past any replay's deadline
@@ -40,7 +48,7 @@ for _name in ("broadcast", "_broadcast_oop"):
     OPS[_name] = ("broadcast", None, "broadcast's root is not recorded: replayed from group rank 0")
 for _name in ("all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
               "ALLGATHER_coalesced", "all_gather_single", "allgather_coalesced", "all_gather_v"):
-    OPS[_name] = ("all_gather", None, "all_gather is replayed with one element a rank (a plan's all_gather has no size)")
+    OPS[_name] = ("all_gather", None, "all_gather is replayed with one element a rank (a plan's has no size)")
 for _name in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
               "REDUCE_SCATTER_coalesced", "reduce_scatter_single", "reduce_scatter_v"):
     OPS[_name] = ("reduce_scatter", "out", None)
@@ -88,8 +96,9 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
     handles = _handles(incident)
     sizes = _SizeMap()
     programs = {}
+    start = _common_start(incident)
     for rank in incident.dumped:
-        calls = _replayed_calls(incident, rank, left_out)
+        calls = _replayed_calls(incident, rank, start, left_out)
         programs[rank] = [( _token(incident, c, replaced, sizes), c) for c in calls]
     steps = _merge(programs)
     plan: list[dict] = _creation_steps(incident, handles, steps)
@@ -145,10 +154,10 @@ def _handles(incident: Incident) -> dict:
     return out
 
 
-def _replayed_calls(incident: Incident, rank: int, left_out: dict) -> list[Call]:
-    """The rank's recorded collectives from the first count every rank still holds, role by role (all groups
-    of a mesh dim together): ring buffers that dropped different prefixes then start the replay at one
-    place of the program, and a count that differs stays a difference."""
+def _common_start(incident: Incident) -> dict[tuple, int]:
+    """The first count every rank still holds, role by role (all groups of a mesh dim together): ring
+    buffers that dropped different prefixes then start the replay at one place of the program, and a
+    count that differs stays a difference."""
     start: dict[tuple, int] = {}
     for rec in incident.ranks.values():
         firsts: dict[tuple, int] = {}
@@ -158,6 +167,10 @@ def _replayed_calls(incident: Incident, rank: int, left_out: dict) -> list[Call]
                 firsts[role] = min(firsts.get(role, c.seq), c.seq)
         for role, first in firsts.items():
             start[role] = max(start.get(role, 1), first)
+    return start
+
+
+def _replayed_calls(incident: Incident, rank: int, start: dict[tuple, int], left_out: dict) -> list[Call]:
     out = []
     for c in incident.ranks[rank].calls:
         if c.p2p:
@@ -185,8 +198,8 @@ class _SizeMap:
 
 
 def _token(incident: Incident, call: Call, replaced: dict, sizes: _SizeMap) -> tuple:
-    op, numel_from, note = OPS.get(call.op, ("barrier", None, f"{call.op} has no plan op: replayed as a barrier "
-                                                             f"on its group, the nearest blocking call"))
+    fallback = f"{call.op} has no plan op: replayed as a barrier on its group, the nearest blocking call"
+    op, numel_from, note = OPS.get(call.op, ("barrier", None, fallback))
     if note:
         replaced[note] = None
     numel = None
@@ -208,22 +221,23 @@ def _merge(programs: dict[int, list[tuple[tuple, Call]]]) -> list[Step]:
         calls_of = {r: [c for _, c in programs[r]] for r in ranks}
         matcher = difflib.SequenceMatcher(None, [s.token for s in plan], list(tokens), autojunk=False)
         merged: list[Step] = []
-
-        def add(step: Step, j: int) -> Step:
-            step.ranks.update(ranks)
-            for r in ranks:
-                step.calls[r] = calls_of[r][j]
-            return step
-
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if tag in ("delete", "replace"):
                 merged.extend(plan[i1:i2])
             if tag == "equal":
-                merged.extend(add(plan[i1 + k], j1 + k) for k in range(i2 - i1))
+                merged.extend(_join(plan[i1 + k], calls_of, j1 + k) for k in range(i2 - i1))
             if tag in ("insert", "replace"):
-                merged.extend(add(Step(tokens[j]), j) for j in range(j1, j2))
+                merged.extend(_join(Step(tokens[j]), calls_of, j) for j in range(j1, j2))
         plan = merged
     return plan
+
+
+def _join(step: Step, calls_of: dict[int, list[Call]], j: int) -> Step:
+    """The ranks of one program make the step with their j-th call."""
+    step.ranks.update(calls_of)
+    for r, calls in calls_of.items():
+        step.calls[r] = calls[j]
+    return step
 
 
 def _creation_steps(incident: Incident, handles: dict, steps: list[Step]) -> list[dict]:
@@ -340,7 +354,8 @@ def _carry_on(incident: Incident, steps: list[Step]) -> None:
             if step.fault is not None:
                 continue
             role = step.token[0]
-            if role[0] == "mesh" or incident.groups[role[1]].desc == WORLD_DESC or rank in incident.groups[role[1]].ranks:
+            group = incident.groups.get(role[1]) if role[0] == "group" else None
+            if group is None or group.desc == WORLD_DESC or rank in group.ranks:
                 step.ranks.add(rank)
 
 
@@ -362,10 +377,10 @@ def _completed_with(incident: Incident, step: Step, m: int) -> bool | None:
 
 
 def _description(incident: Incident, analysis: Analysis, replaced: list[str], left_out: list[str]) -> str:
+    library = f", {incident.comm_lib_version}" if incident.comm_lib_version else ""
+    missing = f"; no dump from ranks {_ranks_text(incident.missing)}" if incident.missing else ""
     lines = [f"Replayed from {len(incident.dumped)} Flight Recorder dumps in {incident.directory} (format "
-             f"{incident.version}, {incident.backend}{', ' + incident.comm_lib_version if incident.comm_lib_version else ''}; "
-             f"world {incident.world}" + (f"; no dump from ranks {_ranks_text(incident.missing)}" if incident.missing
-                                           else "") + ")."]
+             f"{incident.version}, {incident.backend}{library}; world {incident.world}{missing})."]
     for index, mesh in enumerate(incident.meshes):
         lines.append(f"Mesh {tuple(mesh.shape)} with dims {list(mesh.names)}, from its groups' descriptions "
                      f"(mesh_<dim>) and names.")

@@ -77,16 +77,19 @@ class Rank:
             mine = [e for e in self.entries if e["process_group"][0] == name and not e["is_p2p"]]
             if not mine:
                 continue
-            last = lambda states: max((e["collective_seq_id"] for e in mine if e["state"] in states), default=-1)  # noqa: E731
-            status[str(pg_id)] = {"last_enqueued_collective": last(("scheduled", "started", "completed")),
-                                  "last_started_collective": last(("started", "completed")),
-                                  "last_completed_collective": last(("completed",))}
+            status[str(pg_id)] = {"last_enqueued_collective": _last(mine, ("scheduled", "started", "completed")),
+                                  "last_started_collective": _last(mine, ("started", "completed")),
+                                  "last_completed_collective": _last(mine, ("completed",))}
         data = {"version": "2.10", "comm_lib_version": NCCL_VERSION,
                 "pg_config": {name: {"name": name, "desc": desc, "ranks": str(list(members))}
                               for name, (desc, members) in self.groups.items()},
                 "pg_status": status, "entries": self.entries}
         with open(path, "wb") as f:
             pickle.dump(data, f)
+
+
+def _last(entries, states):
+    return max((e["collective_seq_id"] for e in entries if e["state"] in states), default=-1)
 
 
 def mesh_groups(shape_names, world=8):
@@ -132,10 +135,10 @@ def nccl_skip_on_mesh_dim(out):
 def nccl_size_mismatch_timeout(out):
     """HSDP-like steps on a 2 x 4 (replicate, shard) mesh: an all_gather_into_tensor_coalesced on shard (NCCL's
     fast path: one entry), a send/recv pair on the default group, two _reduce_scatter_base coalesced on
-    shard (the slow path: two entries and a closing "coalesced", one seq), then a _reduce_scatter_base (reduce_scatter_tensor) where rank
-    6 passes half the elements. That one timed out on ranks 4-7 (the watchdog retired it, not completed);
-    their replicate all_reduce is queued behind; ranks 0-3 wait in theirs. Rank 2's buffer (8 entries) has
-    dropped its oldest call."""
+    shard (the slow path: two entries and a closing "coalesced", one seq), then a _reduce_scatter_base
+    (reduce_scatter_tensor) where rank 6 passes half the elements. That one timed out on ranks 4-7 (the
+    watchdog retired it, not completed); their replicate all_reduce is queued behind; ranks 0-3 wait in
+    theirs. Rank 2's buffer has dropped its oldest call."""
     groups = mesh_groups(((2, 4), ("replicate", "shard")))
     for r in range(8):
         rank = Rank(r, groups[r])

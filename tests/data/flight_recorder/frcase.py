@@ -110,7 +110,7 @@ def run(main) -> None:
     threading.Thread(target=_watch, args=(store, timeout_s, cap_s, started, wakeup), daemon=True).start()
     try:
         main()
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the script raises, its rank dumps before it goes
         if _claimed.locked():
             os._exit(0)  # a peer left after the dumps were written: the job is over, not failing anew
         traceback.print_exc()

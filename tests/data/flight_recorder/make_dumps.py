@@ -24,7 +24,8 @@ def make(case: str) -> None:
                PYTHONWARNINGS="ignore::FutureWarning")
     began = time.monotonic()
     run = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", str(RANKS), "script.py"],
-                         cwd=os.path.join(HERE, case), env=env, capture_output=True, text=True, timeout=400)
+                         cwd=os.path.join(HERE, case), env=env, capture_output=True, text=True, timeout=400,
+                         check=False)  # a hang's torchrun fails by design: the dumps are what counts
     notes = [line for line in run.stdout.splitlines() if line.startswith("[frcase]")]
     print(f"{case}: torchrun exit {run.returncode} after {time.monotonic() - began:.0f} s; "
           f"{len(os.listdir(out))} dumps", *notes, sep="\n  ")

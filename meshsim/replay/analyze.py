@@ -89,14 +89,18 @@ class Analysis:
 
 def analyze(incident: Incident) -> Analysis:
     order = ProgramOrder(incident)
-    waits = [_wait(incident, rank, record.held) for rank, record in incident.ranks.items()
+    seen: dict[tuple, tuple[list[int], list[int]]] = {}  # ranks waiting in one call share who they wait for
+    waits = [_wait(incident, rank, record.held, seen) for rank, record in incident.ranks.items()
              if record.dumped and record.held is not None]
     causes: dict[int, Cause] = {}
     upstream: dict[int, set[int]] = {}  # waiting rank -> members it waits for that are held up elsewhere
     mismatched_waits: list[Wait] = []
+    why: dict[tuple, Cause | None] = {}
     for w in waits:
         for m in w.missing:
-            cause = _why_missing(incident, order, w.call, m)
+            if (w.call.group, w.call.seq, m) not in why:
+                why[(w.call.group, w.call.seq, m)] = _why_missing(incident, order, w.call, m)
+            cause = why[(w.call.group, w.call.seq, m)]
             if cause is not None:
                 causes.setdefault(m, cause)
             else:
@@ -123,12 +127,18 @@ def analyze(incident: Incident) -> Analysis:
     return analysis
 
 
-def _wait(incident: Incident, rank: int, call: Call) -> Wait:
-    members = incident.groups[call.group].ranks
+def _wait(incident: Incident, rank: int, call: Call, seen: dict) -> Wait:
+    key = (call.group, call.seq, call.signature())
+    if key not in seen:
+        seen[key] = _absent(incident, call)
+    missing, mismatched = seen[key]
+    return Wait(rank, call, [m for m in missing if m != rank], [m for m in mismatched if m != rank])
+
+
+def _absent(incident: Incident, call: Call) -> tuple[list[int], list[int]]:
+    """The members of call's group that have not issued it, and those that issued another call there."""
     missing, mismatched = [], []
-    for m in members:
-        if m == rank:
-            continue
+    for m in incident.groups[call.group].ranks:
         other = incident.ranks[m]
         count = other.issued(call.group)
         theirs = other.at(call.group, call.seq)
@@ -138,7 +148,7 @@ def _wait(incident: Incident, rank: int, call: Call) -> Wait:
             continue
         if theirs is not None and theirs.signature() != call.signature():
             mismatched.append(m)
-    return Wait(rank, call, missing, mismatched)
+    return missing, mismatched
 
 
 def _why_missing(incident: Incident, order: ProgramOrder, call: Call, m: int) -> Cause | None:

@@ -94,6 +94,7 @@ class RankRecord:
     def __post_init__(self) -> None:
         self._index: dict[str, dict[int, Call]] | None = None  # group -> seq -> call, built on first use
         self._held: tuple[Call | None] | None = None
+        self._issued: dict[str, int | None] = {}
 
     @property
     def dumped(self) -> bool:
@@ -101,7 +102,7 @@ class RankRecord:
 
     def replace(self, index: int, call: Call) -> None:
         self.calls[index] = call
-        self._index, self._held = None, None
+        self._index, self._held, self._issued = None, None, {}
 
     def _by_group(self) -> dict[str, dict[int, Call]]:
         if self._index is None:
@@ -118,6 +119,11 @@ class RankRecord:
         """How many collectives the rank issued on `group`; None when its dump cannot tell."""
         if not self.dumped:
             return None
+        if group not in self._issued:
+            self._issued[group] = self._count(group)
+        return self._issued[group]
+
+    def _count(self, group: str) -> int | None:
         seqs = list(self._by_group().get(group, {}))
         # pg_status counts every call of the group, also those the ring buffer has dropped
         status = self.status.get(str(self.pg_id_of.get(group)), {}) if group in self.pg_id_of else {}
@@ -670,6 +676,7 @@ def _pg_ids_from_members(groups: dict[str, Group], ranks: dict[int, RankRecord])
         mine = [g.key for g in sorted(groups.values(), key=lambda g: int(g.name)) if record.rank in g.ranks]
         if all(mine.index(key) == pg_id if key in mine else False for key, pg_id in record.pg_id_of.items()):
             record.pg_id_of = {key: i for i, key in enumerate(mine)}
+            record._issued = {}
 
 
 def _settle_gloo_states(incident: Incident) -> None:

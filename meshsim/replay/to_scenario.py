@@ -38,7 +38,7 @@ STALL_S = 3600.0  # a stalled rank sleeps this long (or ten deadlines), far past
 
 # Flight Recorder op (without its backend) -> (plan op, which numel the plan takes, what is replaced)
 OPS: dict[str, tuple[str, str | None, str | None]] = {}
-for _name in ("all_reduce", "allreduce_coalesced", "all_reduce_coalesced", "_allreduce_base"):
+for _name in ("all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "_allreduce_base"):
     OPS[_name] = ("all_reduce", "in", None)
 for _name in ("reduce", "_reduce_oop"):
     OPS[_name] = ("all_reduce", "in", "reduce (to one rank) is replayed as all_reduce: the same ranks block")
@@ -46,11 +46,12 @@ for _name in ("barrier", "all_reduce_barrier"):
     OPS[_name] = ("barrier", None, None)
 for _name in ("broadcast", "_broadcast_oop"):
     OPS[_name] = ("broadcast", None, "broadcast's root is not recorded: replayed from group rank 0")
-for _name in ("all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
-              "ALLGATHER_coalesced", "all_gather_single", "allgather_coalesced", "all_gather_v"):
+for _name in ("all_gather", "allgather", "_all_gather_base", "_allgather_base", "all_gather_into_tensor",
+              "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", "ALLGATHER_coalesced",
+              "all_gather_single", "allgather_coalesced", "all_gather_v"):
     OPS[_name] = ("all_gather", None, "all_gather is replayed with one element a rank (a plan's has no size)")
 for _name in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
-              "REDUCE_SCATTER_coalesced", "reduce_scatter_single", "reduce_scatter_v"):
+              "REDUCE_SCATTER_coalesced", "reduce_scatter_single", "reduce_scatter_v", "reducescatter"):
     OPS[_name] = ("reduce_scatter", "out", None)
 OPS["scatter"] = ("scatter", "out", "scatter's root is not recorded: replayed from group rank 0")
 OPS["gather"] = ("all_gather", None, "gather (to one rank) is replayed as all_gather: the same ranks block")

@@ -75,9 +75,10 @@ class Replay:
     replaced: list[str]
     left_out: list[str]
     steps: list[Step]
+    comments: list[str | None] = field(default_factory=list)  # one a step: what in the dumps it stands for
 
     def toml(self) -> str:
-        return dumps(self.data)
+        return dumps(self.data, self.comments)
 
     def save(self, path: str) -> str:
         with open(path, "w") as f:
@@ -103,9 +104,11 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
         programs[rank] = [( _token(incident, c, replaced, sizes), c) for c in calls]
     steps = _merge(programs)
     plan: list[dict] = _creation_steps(incident, handles, steps)
+    comments: list[str | None] = [None] * len(plan)
     _faults(incident, analysis, steps, deadline, replaced)  # before the tables: a dead rank joins steps
     _carry_on(incident, steps)
     plan += [s.fault if s.fault is not None else _step_table(incident, s, handles, sizes) for s in steps]
+    comments += [_comment(s) for s in steps]
     crashed = any(c.kind == DEAD for c in analysis.causes)
     expect: dict[str, Any] = {"outcome": "crash" if crashed else "hang"}
     if analysis.culprits:
@@ -125,7 +128,7 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
             "topology": _topology(incident),
             "step": plan,
             "expect": expect}
-    return Replay(data, list(replaced), list(left_out), steps)
+    return Replay(data, list(replaced), list(left_out), steps, comments)
 
 
 def _name(incident: Incident) -> str:
@@ -380,9 +383,10 @@ def _completed_with(incident: Incident, step: Step, m: int) -> bool | None:
 def _description(incident: Incident, analysis: Analysis, replaced: list[str], left_out: list[str]) -> str:
     library = f", {incident.comm_lib_version}" if incident.comm_lib_version else ""
     missing = f"; no dump from ranks {_ranks_text(incident.missing)}" if incident.missing else ""
-    lines = [f"Replayed from {len(incident.dumped)} Flight Recorder dumps in {incident.directory} (format "
-             f"{incident.version}, {incident.backend}{library}; world {incident.world}{missing})."]
-    for index, mesh in enumerate(incident.meshes):
+    source = (f"Replayed from {len(incident.dumped)} Flight Recorder dumps in {incident.directory} (format "
+              f"{incident.version}, {incident.backend}{library}; world {incident.world}{missing}).")
+    lines = [source]
+    for mesh in incident.meshes:
         lines.append(f"Mesh {tuple(mesh.shape)} with dims {list(mesh.names)}, from its groups' descriptions "
                      f"(mesh_<dim>) and names.")
     lines.append(f"Diagnosis from the dumps: {analysis.summary}")
@@ -400,7 +404,20 @@ def _description(incident: Incident, analysis: Analysis, replaced: list[str], le
     return "\n".join(lines)
 
 
-def dumps(data: dict) -> str:
+def _comment(step: Step) -> str | None:
+    """What the dumps recorded for this step: the op as Flight Recorder named it, where, and which call of
+    its group it was on the ranks that made it."""
+    if step.fault is not None or not step.calls:
+        return None
+    calls = list(step.calls.values())
+    ops = sorted({"+".join(c.ops) if c.ops else c.op for c in calls})
+    seqs = sorted({c.seq for c in calls})
+    count = f"#{seqs[0]}" if len(seqs) == 1 else f"#{seqs[0]}-{seqs[-1]}"
+    site = calls[0].site or "an unknown line"
+    return f"recorded: {', '.join(ops)} {count} on its group, at {site}"
+
+
+def dumps(data: dict, comments: list[str | None] | None = None) -> str:
     """The scenario as TOML a person reads: one line a field, lists inline, the description as a block.
     Only what to_scenario writes (strings, numbers, lists of them, the topology, steps, expect)."""
     def value(v: Any) -> str:
@@ -421,7 +438,9 @@ def dumps(data: dict) -> str:
     lines = [f"name = {value(data['name'])}", f"description = {block(data['description'])}",
              f"deadline = {value(data['deadline'])}", "", "[topology]"]
     lines += [f"{k} = {value(v)}" for k, v in data["topology"].items()]
-    for step in data["step"]:
-        lines += ["", "[[step]]"] + [f"{k} = {value(v)}" for k, v in step.items()]
+    for index, step in enumerate(data["step"]):
+        comment = comments[index] if comments and index < len(comments) else None
+        lines += [""] + ([f"# {comment}"] if comment else []) + ["[[step]]"]
+        lines += [f"{k} = {value(v)}" for k, v in step.items()]
     lines += ["", "[expect]"] + [f"{k} = {value(v)}" for k, v in data["expect"].items()]
     return "\n".join(lines) + "\n"

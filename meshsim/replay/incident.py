@@ -1,0 +1,752 @@
+"""The world a set of Flight Recorder dumps describes: its ranks, groups, meshes, and each rank's calls.
+
+Pure Python, no torch: it takes the dumps as read (meshsim.replay.dumps) and answers what the job was
+when it hung. What the dumps do not say is stated in `notes`, never guessed silently:
+
+- gloo records a group before it is named, so its dumps carry no pg_config (one empty entry): a group's
+  members are then the ranks that recorded calls on it, completed where DeviceMesh's naming tells the rest
+  (a mesh's groups are made dim after dim, one new_group per group, with consecutive names and the
+  description mesh_<dim>) or where a rank's pg_id (it counts the groups a rank is a member of) shows it was
+  a member of a group it never used;
+- a rank without a dump is listed as such and never counted as having arrived anywhere;
+- a ring buffer that wrapped loses a rank's oldest calls: per-group sequence numbers still count them.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dumps import ReplayError, is_newer_than_known
+
+COMPLETED = "completed"
+IN_FLIGHT = "in flight"  # issued, not finished: the rank waits in it (NCCL: started or scheduled)
+TIMED_OUT = "timed out"  # NCCL: retired by the watchdog without completing
+FAILED = "failed"  # gloo: retired while a member never issued it, so it ended in an error, not a result
+RETIRED = "retired"  # gloo: finished, and gloo does not record whether with a result or an error
+UNFINISHED = (IN_FLIGHT, TIMED_OUT, FAILED)  # the rank was held up in the call, whatever ended it
+
+WORLD_DESC = "default_pg"
+UNSEEN = "unseen"  # a mesh dim whose groups recorded no call: its size shows, its name does not
+P2P_OPS = ("send", "recv")
+
+
+@dataclass(frozen=True)
+class Call:
+    rank: int
+    group: str  # the group's key in Incident.groups
+    seq: int  # Flight Recorder's collective_seq_id: the group's count of collectives, from 1
+    op: str  # Flight Recorder's name without its backend: all_reduce, _reduce_scatter_base, ...
+    in_sizes: tuple
+    out_sizes: tuple
+    in_dtypes: tuple
+    out_dtypes: tuple
+    state: str
+    fr_state: str  # as the dump wrote it: scheduled, started, completed
+    site: str | None  # the innermost frame outside torch, as file.py:LINE
+    record_id: int
+    time_ns: int
+    ops: tuple[str, ...] = ()  # every op of a coalesced call, its closing "coalesced" marker left out
+    p2p: bool = False
+    peer: str = ""  # a p2p op's "0->1"
+    frames: tuple = ()  # (name, filename, line), innermost first, as recorded
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in UNFINISHED
+
+    @property
+    def in_numel(self) -> int:
+        return sum(_numel(s) for s in self.in_sizes)
+
+    @property
+    def out_numel(self) -> int:
+        return sum(_numel(s) for s in self.out_sizes)
+
+    def signature(self) -> tuple:
+        """What members of a group must agree on for the collective to match (torch's analyzer checks these)."""
+        return (self.op, self.in_sizes, self.out_sizes, tuple(self.in_dtypes), tuple(self.out_dtypes))
+
+    def describe(self, groups: dict[str, Group] | None = None) -> str:
+        where = f" at {self.site}" if self.site else ""
+        on = groups[self.group].describe() if groups and self.group in groups else f"group {self.group}"
+        sizes = "x".join(map(str, self.in_sizes[0])) if len(self.in_sizes) == 1 and self.in_sizes[0] else ""
+        what = f"{self.op}" + (f" of {sizes} {self.in_dtypes[0]}" if sizes and self.in_dtypes else "")
+        return f"{what} #{self.seq} on {on}{where}"
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    file: str | None  # None: this rank left no dump
+    calls: list[Call] = field(default_factory=list)  # in the order the rank made them (record_id)
+    wrapped: bool = False  # its buffer had dropped older calls
+    pg_ids: dict[int, str] = field(default_factory=dict)  # pg_id (the rank's count of its groups) -> group key
+    status: dict = field(default_factory=dict)  # pg_status as dumped, by pg_id
+    pg_id_of: dict[str, int] = field(default_factory=dict)  # group key -> pg_id, seen or inferred
+
+    def __post_init__(self) -> None:
+        self._index: dict[str, dict[int, Call]] | None = None  # group -> seq -> call, built on first use
+        self._held: tuple[Call | None] | None = None
+        self._issued: dict[str, int | None] = {}
+
+    @property
+    def dumped(self) -> bool:
+        return self.file is not None
+
+    def replace(self, index: int, call: Call) -> None:
+        self.calls[index] = call
+        self._index, self._held, self._issued = None, None, {}
+
+    def _by_group(self) -> dict[str, dict[int, Call]]:
+        if self._index is None:
+            self._index = {}
+            for c in self.calls:
+                if not c.p2p:
+                    self._index.setdefault(c.group, {})[c.seq] = c
+        return self._index
+
+    def on(self, group: str) -> list[Call]:
+        return sorted(self._by_group().get(group, {}).values(), key=lambda c: c.seq)
+
+    def issued(self, group: str) -> int | None:
+        """How many collectives the rank issued on `group`; None when its dump cannot tell."""
+        if not self.dumped:
+            return None
+        if group not in self._issued:
+            self._issued[group] = self._count(group)
+        return self._issued[group]
+
+    def _count(self, group: str) -> int | None:
+        seqs = list(self._by_group().get(group, {}))
+        # pg_status counts every call of the group, also those the ring buffer has dropped
+        status = self.status.get(str(self.pg_id_of.get(group)), {}) if group in self.pg_id_of else {}
+        enqueued = status.get("last_enqueued_collective") if isinstance(status, dict) else None
+        if isinstance(enqueued, int) and enqueued >= 0:
+            seqs.append(enqueued)
+        if seqs:
+            return max(seqs)
+        return None if self.wrapped and group not in self.pg_id_of else 0
+
+    def at(self, group: str, seq: int) -> Call | None:
+        return self._by_group().get(group, {}).get(seq)
+
+    @property
+    def held(self) -> Call | None:
+        """The call that holds the rank up: its oldest unfinished one (NCCL may have queued more behind it)."""
+        if self._held is None:
+            self._held = (next((c for c in self.calls if not c.finished and not c.p2p), None),)
+        return self._held[0]
+
+    @property
+    def queued(self) -> list[Call]:
+        held = self.held
+        return [c for c in self.calls if held is not None and c.record_id > held.record_id and not c.finished]
+
+
+@dataclass
+class Group:
+    key: str
+    name: str  # torch's group name (pg_config's key, process_group[0] of the entries)
+    desc: str  # its description: default_pg, mesh_<dim>, a user's group_desc, or "undefined"
+    ranks: tuple[int, ...]
+    source: str  # how the members are known: pg_config, mesh, calls, calls+pg_id
+    mesh: int | None = None  # index in Incident.meshes
+    dim: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.source in ("pg_config", "mesh", "world")
+
+    def describe(self) -> str:
+        members = _ranks_text(self.ranks)
+        if self.dim is not None:
+            return f"mesh dim {self.dim!r} group {members}"
+        if self.desc == WORLD_DESC:
+            return f"the default group (world {members})"
+        label = "" if self.desc in ("undefined", "") else f" {self.desc!r}"
+        return f"group {self.name}{label} {members}"
+
+
+@dataclass
+class Mesh:
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+    named: bool  # False: torch named the dims dim_0, dim_1, ... (init_device_mesh without mesh_dim_names)
+    groups: dict[str, list[str]]  # dim -> group keys in the order torch made them
+
+    def coordinate(self, rank: int) -> list[int]:
+        out = []
+        for size in reversed(self.shape):
+            out.append(rank % size)
+            rank //= size
+        return out[::-1]
+
+
+@dataclass
+class Incident:
+    directory: str
+    version: str
+    backend: str
+    comm_lib_version: str
+    world: int
+    ranks: dict[int, RankRecord]
+    groups: dict[str, Group]
+    meshes: list[Mesh]
+    listing: list[int]  # the ranks in the order their files were listed
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[int]:
+        return sorted(r for r, rec in self.ranks.items() if not rec.dumped)
+
+    @property
+    def dumped(self) -> list[int]:
+        return sorted(r for r, rec in self.ranks.items() if rec.dumped)
+
+    def role(self, group: str) -> tuple:
+        """Groups that play one part in the program: every group of one mesh dim, else the group itself."""
+        g = self.groups[group]
+        return ("mesh", g.mesh, g.dim) if g.mesh is not None else ("group", group)
+
+    def role_text(self, role: tuple) -> str:
+        if role[0] == "mesh":
+            return f"mesh dim {role[2]!r}"
+        return self.groups[role[1]].describe()
+
+    def groups_of(self, rank: int) -> list[Group]:
+        return [g for g in self.groups.values() if rank in g.ranks]
+
+
+def build(dumpset: Any, world: int | None = None) -> Incident:
+    """The incident the dumps describe (a meshsim.replay.dumps.DumpSet, or any object with `.dumps`)."""
+    dumps = list(dumpset.dumps)
+    if not dumps:
+        raise ReplayError(f"{getattr(dumpset, 'directory', '?')}: no dumps")
+    version = dumps[0].version
+    notes: list[str] = []
+    if is_newer_than_known(version):
+        notes.append(f"dump version {version} is newer than meshsim knows (2.10): fields added since are ignored")
+    raw_groups, configured = _groups_seen(dumps)
+    key_of = _group_keys(raw_groups, configured, dumps)
+    ranks: dict[int, RankRecord] = {}
+    backends: Counter = Counter()
+    for dump in dumps:
+        ranks[dump.rank] = _rank_record(dump, key_of, backends)
+    backend = backends.most_common(1)[0][0] if backends else "unknown"
+    size = max(ranks) + 1
+    for members in configured.values():
+        for ranks_ in members:
+            size = max(size, max(ranks_, default=-1) + 1)
+    if world is not None:
+        if world < size:
+            raise ReplayError(f"{dumpset.directory}: world {world} given, but the dumps name rank {size - 1}")
+        size = world
+    groups = _initial_groups(raw_groups, configured, key_of, ranks, size)
+    meshes = _infer_meshes(groups, size, notes)
+    _members_from_pg_ids(groups, ranks, notes)
+    _pg_ids_from_members(groups, ranks)
+    for rank in range(size):
+        ranks.setdefault(rank, RankRecord(rank, None))
+    missing = [r for r in range(size) if not ranks[r].dumped]
+    if missing:
+        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}: "
+                     f"{'they are' if len(missing) > 1 else 'it is'} never counted as having arrived anywhere")
+    if not configured and world is None:
+        notes.append(f"gloo dumps name no group members, so the world is taken as {size} (ranks 0 to the highest "
+                     f"rank a dump or a mesh names); a missing rank above that cannot be seen")
+    for g in groups.values():
+        if not g.complete:
+            notes.append(f"{g.describe()}: members known only from the calls recorded on it ({g.source}); "
+                         f"a member that never called on it cannot be seen")
+    wrapped = [r for r, rec in ranks.items() if rec.wrapped]
+    if wrapped:
+        notes.append(f"the buffers of rank{'s' if len(wrapped) > 1 else ''} {_ranks_text(wrapped)} had dropped "
+                     f"older calls; counts per group still hold (Flight Recorder numbers every call of a group)")
+    incident = Incident(dumpset.directory if hasattr(dumpset, "directory") else "", version, backend,
+                        dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
+                        [d.rank for d in dumps], notes)
+    _settle_gloo_states(incident)
+    return incident
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    ranks = sorted(set(ranks))
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return "[" + ", ".join(parts) + "]"
+
+
+def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int, ...]]]]:
+    """Every group name with its description (entries and pg_config), and the member lists pg_config gives."""
+    descs: dict[str, tuple[str, str]] = {}  # name -> (desc, the file that said so)
+    configured: dict[str, list[tuple[int, ...]]] = {}
+    for dump in dumps:
+        seen = [(e["process_group"][0], e["process_group"][1]) for e in dump.entries]
+        for name, conf in dump.pg_config.items():
+            if not isinstance(conf, dict):
+                raise ReplayError(f"{dump.path}: pg_config entry {name!r} is not a table")
+            ranks = _parse_ranks(dump.path, conf.get("ranks", "[]"))
+            if not name and not ranks:
+                continue  # gloo's placeholder: recorded before the group had a name or members
+            seen.append((str(conf.get("name", name)), str(conf.get("desc", ""))))
+            if ranks:
+                members = configured.setdefault(str(conf.get("name", name)), [])
+                if tuple(ranks) not in members:
+                    members.append(tuple(ranks))
+        for name, desc in seen:
+            name, desc = str(name), str(desc)
+            if name in descs and descs[name][0] != desc:
+                raise ReplayError(f"{dump.path}: group {name} is {desc!r} here and {descs[name][0]!r} in "
+                                  f"{descs[name][1]}: dumps from different jobs?")
+            descs.setdefault(name, (desc, dump.path))
+    return {n: d for n, (d, _) in descs.items()}, configured
+
+
+def _parse_ranks(path: str, text: Any) -> list[int]:
+    try:
+        ranks = ast.literal_eval(text) if isinstance(text, str) else list(text)
+    except (ValueError, SyntaxError):
+        raise ReplayError(f"{path}: a group's ranks {str(text)[:60]!r} are not a list of ranks") from None
+    if not isinstance(ranks, (list, tuple)) or not all(type(r) is int and r >= 0 for r in ranks):
+        raise ReplayError(f"{path}: a group's ranks {str(text)[:60]!r} are not a list of ranks")
+    return sorted(ranks)
+
+
+def _group_keys(descs: dict[str, str], configured: dict[str, list[tuple[int, ...]]], dumps: list) -> dict:
+    """(rank, group name) -> group key. split_group gives every subgroup of a mesh dim one name, told apart by
+    its members (torch's analyzer keys groups by name and ranks for this reason)."""
+    key_of: dict[tuple[int, str], str] = {}
+    for dump in dumps:
+        for name in descs:
+            members = configured.get(name, [])
+            if len(members) > 1:
+                mine = [m for m in members if dump.rank in m]
+                key_of[(dump.rank, name)] = f"{name}/{_ranks_text(mine[0])}" if mine else name
+            else:
+                key_of[(dump.rank, name)] = name
+    return key_of
+
+
+LIBRARY = re.compile(r"/torch/|/typing_extensions\.py$|/lib/python3\.\d+/(?!.*-packages/)")
+
+
+def _site(frames: Any) -> str | None:
+    """The innermost frame outside torch, its shims (typing_extensions' deprecation wrapper) and the standard
+    library: where the user's code made the call."""
+    for frame in frames or ():
+        filename = str(frame.get("filename", "")).replace(os.sep, "/")
+        if not filename or filename.startswith("<") or LIBRARY.search(filename):
+            continue
+        return f"{os.path.basename(filename)}:{frame.get('line')}"
+    return None
+
+
+def _rank_record(dump: Any, key_of: dict, backends: Counter) -> RankRecord:
+    record = RankRecord(dump.rank, dump.path, status=dict(dump.pg_status))
+    entries = sorted(dump.entries, key=lambda e: e["record_id"])
+    record.wrapped = bool(entries) and entries[0]["record_id"] > 0
+    merged: dict[tuple[str, int, bool], list[dict]] = {}
+    order: list[tuple[str, int, bool]] = []
+    for e in entries:
+        name = str(e["process_group"][0])
+        key = key_of.get((dump.rank, name), name)
+        backend, _, op = str(e["profiling_name"]).partition(":")
+        backends[backend] += 1
+        p2p = bool(e.get("is_p2p", False)) or op.split(" ")[0] in P2P_OPS
+        seq = int(e["p2p_seq_id"] if p2p else e["collective_seq_id"])
+        slot = (key, seq, p2p)
+        if slot not in merged:
+            merged[slot] = []
+            order.append(slot)
+        merged[slot].append(e)
+        record.pg_ids.setdefault(int(e["pg_id"]), key)
+        record.pg_id_of.setdefault(key, int(e["pg_id"]))
+    gloo = backends.most_common(1)[0][0] == "gloo" if backends else False
+    for slot in order:
+        record.calls.append(_call(dump.rank, slot, merged[slot], gloo))
+    return record
+
+
+def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
+    """One call from its entries: NCCL writes a coalesced call as its ops plus a closing marker, all under
+    one collective_seq_id."""
+    key, seq, p2p = slot
+    names = [str(e["profiling_name"]).partition(":")[2] for e in entries]
+    ops = tuple(n for n in names if n != "coalesced") or tuple(names)
+    first = entries[0]
+    last = entries[-1]
+    op, _, peer = ops[0].partition(" ")
+    in_sizes = tuple(tuple(s) for e in entries for s in e["input_sizes"])
+    out_sizes = tuple(tuple(s) for e in entries for s in e["output_sizes"])
+    in_dtypes = tuple(d for e in entries for d in e.get("input_dtypes", ()))
+    out_dtypes = tuple(d for e in entries for d in e.get("output_dtypes", ()))
+    fr_state = str(last["state"])
+    retired = all(bool(e["retired"]) for e in entries)
+    if gloo:
+        state = RETIRED if retired else IN_FLIGHT  # gloo always writes "scheduled"
+    elif fr_state == "completed":
+        state = COMPLETED
+    else:
+        state = TIMED_OUT if retired else IN_FLIGHT
+    frames = next((e.get("frames") for e in entries if e.get("frames")), None) or []
+    return Call(rank, key, seq, op, in_sizes, out_sizes, in_dtypes, out_dtypes, state, fr_state, _site(frames),
+                int(first["record_id"]), int(first.get("time_created_ns") or 0),
+                ops if len(ops) > 1 else (), p2p, peer,
+                tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames))
+
+
+def _initial_groups(descs: dict[str, str], configured: dict, key_of: dict, ranks: dict[int, RankRecord],
+                    world: int) -> dict[str, Group]:
+    groups: dict[str, Group] = {}
+    for name, desc in descs.items():
+        members_lists = configured.get(name, [])
+        if len(members_lists) > 1:
+            for members in members_lists:
+                key = f"{name}/{_ranks_text(members)}"
+                groups[key] = Group(key, name, desc, tuple(members), "pg_config")
+        elif members_lists:
+            groups[name] = Group(name, name, desc, tuple(members_lists[0]), "pg_config")
+        elif desc == WORLD_DESC:
+            groups[name] = Group(name, name, desc, tuple(range(world)), "world")
+        else:
+            seen = sorted({r for r, rec in ranks.items() if any(c.group == name for c in rec.calls)})
+            groups[name] = Group(name, name, desc, tuple(seen), "calls")
+    return dict(sorted(groups.items(), key=lambda kv: _name_order(kv[1].name)))
+
+
+def _name_order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def _mesh_dim(desc: str) -> str | None:
+    if desc.startswith("mesh_") and desc != "mesh_default":
+        return desc[len("mesh_"):]
+    return None
+
+
+def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> list[Mesh]:
+    """DeviceMesh's groups (description mesh_<dim>) as meshes over the world, where exactly one layout fits.
+
+    init_device_mesh makes each dim's groups in turn, one new_group per group in the order of the other dims
+    (row-major), so on gloo (sequential names) a dim's groups have consecutive names and the dims follow each
+    other. Every ordered split of the dims into meshes and every factorization of the world is tried against
+    what is known of each group's members and names; a unique fit completes the members of every group.
+    """
+    mesh_groups = [g for g in groups.values() if _mesh_dim(g.desc) is not None]
+    if not mesh_groups:
+        return []
+    numbered = all(g.name.isdigit() for g in mesh_groups)
+    blocks: list[tuple[str, list[Group]]] = []  # runs of one dim, in creation order where names tell it
+    for g in sorted(mesh_groups, key=lambda g: _name_order(g.name)):
+        dim = _mesh_dim(g.desc)
+        if blocks and blocks[-1][0] == dim:
+            blocks[-1][1].append(g)
+        else:
+            blocks.append((dim, [g]))
+    if not numbered:
+        # hashed names (split_group) give no order: one mesh, its dims in whichever order fits
+        by_dim: dict[str, list[Group]] = {}
+        for g in mesh_groups:
+            by_dim.setdefault(_mesh_dim(g.desc), []).append(g)
+        splits = [[list(p)] for p in itertools.permutations(by_dim.items())] if len(by_dim) <= 5 else []
+    else:
+        splits = list(_splits(blocks))
+    fits = [fit for split in splits for fit in _fits(split, world, numbered)]
+    if not fits and numbered:
+        # a dim nobody called a collective on leaves no trace but the names it used up: try one such dim
+        unseen = [[m[:i] + [(UNSEEN, [])] + m[i:] if k == j else m for k, m in enumerate(split)]
+                  for split in splits for j in range(len(split)) for i in range(len(split[j]) + 1)]
+        fits = [fit for split in unseen for fit in _fits(split, world, numbered)]
+    memberships = {_memberships(fit) for fit in fits}
+    if len(memberships) != 1:
+        dims = sorted({_mesh_dim(g.desc) for g in mesh_groups})
+        why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} layouts fit them"
+        notes.append(f"DeviceMesh groups of dims {dims} are kept as plain groups: {why}")
+        return []
+    fits.sort(key=lambda fit: sum(len(shape) for shape, _, _ in fit))
+    for shape, names, _ in fits[0]:
+        if UNSEEN in names:
+            notes.append(f"mesh {tuple(shape)} has a dim no rank made a collective on; its name is unknown, so it "
+                         f"is called {UNSEEN!r} here (its groups took the names between the others')")
+    meshes, chosen = [], []
+    for shape, names, assignment in fits[0]:
+        index = len(meshes)
+        named = not all(re.fullmatch(r"dim_\d+", n) for n in names if n != UNSEEN)
+        if not named:  # torch named the dims by index, so the unseen one's name is known after all
+            names = [f"dim_{i}" for i in range(len(names))]
+            assignment = {f"dim_{i}": slots for i, slots in enumerate(assignment.values())}
+        mesh = Mesh(tuple(shape), tuple(names), named, {})
+        chosen.append((shape, names, assignment))
+        for dim, expected in assignment.items():
+            keys = []
+            for position, (members, group) in enumerate(expected):
+                if group is None:
+                    continue  # a group no rank recorded anything on, and whose name cannot be known
+                group.ranks, group.mesh, group.dim = tuple(members), index, dim
+                group.source = group.source if group.source == "pg_config" else "mesh"
+                keys.append(group.key)
+            mesh.groups[dim] = keys
+        meshes.append(mesh)
+    _add_unseen_mesh_groups(groups, meshes, chosen, numbered)
+    return meshes
+
+
+def _memberships(fit: list) -> frozenset:
+    return frozenset((g.key, members) for _, _, assignment in fit for slots in assignment.values()
+                     for members, g in slots if g is not None)
+
+
+def _splits(blocks: list) -> Iterable[list]:
+    """Every way to cut the sequence of dim blocks into consecutive meshes."""
+    n = len(blocks)
+    for cuts in itertools.product((False, True), repeat=max(n - 1, 0)):
+        meshes, current = [], [blocks[0]]
+        for block, cut in zip(blocks[1:], cuts):
+            if cut:
+                meshes.append(current)
+                current = [block]
+            else:
+                current.append(block)
+        meshes.append(current)
+        if all(len({d for d, _ in m}) == len(m) for m in meshes):  # a dim appears once in a mesh
+            yield meshes
+
+
+def _factorizations(n: int, k: int) -> Iterable[tuple[int, ...]]:
+    if k == 1:
+        yield (n,)
+        return
+    for first in range(1, n + 1):
+        if n % first == 0:
+            for rest in _factorizations(n // first, k - 1):
+                yield (first,) + rest
+
+
+def _dim_groups(shape: tuple[int, ...], dim: int) -> list[list[int]]:
+    """torch's groups of one dim of a row-major mesh over range(prod(shape)), in the order it makes them."""
+    others = [range(s) for i, s in enumerate(shape) if i != dim]
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    out = []
+    for coords in itertools.product(*others):
+        full = list(coords)
+        full.insert(dim, 0)
+        base = sum(c * s for c, s in zip(full, strides))
+        out.append([base + j * strides[dim] for j in range(shape[dim])])
+    return out
+
+
+def _fits(split: list, world: int, numbered: bool) -> list:
+    """The layouts (one per mesh: shape, names, dim -> [(members, group or None)]) that fit every group."""
+    per_mesh: list[list] = []
+    for mesh_blocks in split:
+        options = []
+        names = [d for d, _ in mesh_blocks]
+        for shape in _factorizations(world, len(mesh_blocks)):
+            assignment = _assign(shape, mesh_blocks, numbered)
+            if assignment is not None:
+                options.append((shape, names, assignment))
+        if not options:
+            return []
+        per_mesh.append(options)
+    fits = []
+    for combo in itertools.product(*per_mesh):
+        if numbered and not _names_in_sequence(combo):
+            continue
+        fits.append(list(combo))
+    return fits
+
+
+def _assign(shape: tuple[int, ...], blocks: list, numbered: bool) -> dict | None:
+    assignment = {}
+    for dim_index, (dim, groups) in enumerate(blocks):
+        expected = _dim_groups(shape, dim_index)
+        slots: list = [[members, None] for members in expected]
+        base = None
+        for g in groups:
+            exact = g.source == "pg_config"
+            matches = [i for i, (members, _) in enumerate(slots)
+                       if (set(g.ranks) == set(members) if exact else set(g.ranks) <= set(members))]
+            if len(matches) != 1 or slots[matches[0]][1] is not None:
+                return None
+            i = matches[0]
+            if numbered:
+                offset = int(g.name) - i
+                if base is not None and offset != base:
+                    return None
+                base = offset
+            slots[i][1] = g
+        assignment[dim] = [(tuple(m), g) for m, g in slots]
+    return assignment
+
+
+def _names_in_sequence(combo: list) -> bool:
+    """Sequential names: each dim's groups start right after the previous dim's, within a mesh and across."""
+    previous_end = None
+    for _, _, assignment in combo:
+        for slots in assignment.values():
+            named = [(i, g) for i, (_, g) in enumerate(slots) if g is not None]
+            if not named:  # an unseen dim: its groups take the next names
+                previous_end = None if previous_end is None else previous_end + len(slots)
+                continue
+            base = int(named[0][1].name) - named[0][0]
+            if previous_end is not None and base < previous_end:
+                return False
+            previous_end = base + len(slots)
+    return True
+
+
+def _add_unseen_mesh_groups(groups: dict[str, Group], meshes: list[Mesh], fit: list, numbered: bool) -> None:
+    """A mesh group nobody recorded a call on still exists, and its members are members: name it where the
+    sequential names tell it, so that a rank without a dump shows in every group it belonged to."""
+    if not numbered:
+        return
+    for index, (shape, names, assignment) in enumerate(fit):
+        for dim, slots in assignment.items():
+            named = [(i, g) for i, (_, g) in enumerate(slots) if g is not None]
+            if not named:
+                continue  # an unseen dim: nothing says which names its groups took
+            base = int(named[0][1].name) - named[0][0]
+            desc = named[0][1].desc
+            keys = []
+            for i, (members, g) in enumerate(slots):
+                key = str(base + i)
+                if g is None and key not in groups:
+                    groups[key] = Group(key, key, desc, tuple(members), "mesh", index, dim)
+                keys.append(g.key if g is not None else key)
+            meshes[index].groups[dim] = keys
+    ordered = dict(sorted(groups.items(), key=lambda kv: _name_order(kv[1].name)))
+    groups.clear()
+    groups.update(ordered)
+
+
+def _members_from_pg_ids(groups: dict[str, Group], ranks: dict[int, RankRecord], notes: list[str]) -> None:
+    """A rank's pg_id counts the groups it is a member of, in the order they were made (the default group is
+    0). Between two of its groups with pg_ids p < q it was a member of exactly q - p - 1 others; where the
+    only groups with names in between whose members are not all known are that many, it was in each of them."""
+    open_groups = [g for g in groups.values() if not g.complete and g.name.isdigit()]
+    if not open_groups:
+        return
+    for rank, record in ranks.items():
+        known = sorted((pg_id, groups[key]) for pg_id, key in record.pg_ids.items() if key in groups
+                       and groups[key].name.isdigit())
+        for (p, lo), (q, hi) in itertools.pairwise(known):
+            between = [g for g in groups.values() if g.name.isdigit() and int(lo.name) < int(g.name) < int(hi.name)]
+            already = [g for g in between if rank in g.ranks]
+            unknown = [g for g in between if not g.complete and rank not in g.ranks]
+            if q - p - 1 - len(already) == len(unknown) and unknown:
+                for g in unknown:
+                    g.ranks = tuple(sorted(set(g.ranks) | {rank}))
+                    g.source = "calls+pg_id"
+                    notes.append(f"rank {rank} is a member of group {g.name} though it recorded no call there: "
+                                 f"its pg_ids jump from {p} to {q} around it")
+
+
+def _pg_ids_from_members(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
+    """Where every group a rank belongs to is known, its pg_ids are their places in creation order: this
+    lets pg_status count a group whose calls fell out of the rank's buffer. Kept only where it agrees with
+    every pg_id the rank's entries show."""
+    if not all(g.name.isdigit() for g in groups.values()):
+        return
+    names = sorted(int(g.name) for g in groups.values())
+    gaps = names and len(names) != names[-1] - names[0] + 1  # a group nobody called on: membership unknown
+    if gaps or not all(g.complete for g in groups.values()):
+        return
+    for record in ranks.values():
+        mine = [g.key for g in sorted(groups.values(), key=lambda g: int(g.name)) if record.rank in g.ranks]
+        if all(mine.index(key) == pg_id if key in mine else False for key, pg_id in record.pg_id_of.items()):
+            record.pg_id_of = {key: i for i, key in enumerate(mine)}
+            record._issued = {}
+
+
+def _settle_gloo_states(incident: Incident) -> None:
+    """gloo retires a call whether it completed or raised. A collective completes on every member or on
+    none, so a retired call that a member never issued, or that a member still waits in, raised."""
+    for record in incident.ranks.values():
+        for index, call in enumerate(record.calls):
+            if call.state != RETIRED or call.p2p:
+                continue
+            members = incident.groups[call.group].ranks
+            for m in members:
+                other = incident.ranks.get(m)
+                if other is None or not other.dumped or m == record.rank:
+                    continue
+                count = other.issued(call.group)
+                theirs = other.at(call.group, call.seq)
+                if (count is not None and count < call.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
+                    record.replace(index, _replace(call, state=FAILED))
+                    break
+    # A member without a dump never finished a call that a dumped member of its group still waits in, nor
+    # any call the program makes after that one: a retired call of such a group that comes later raised.
+    order = ProgramOrder(incident)
+    for m in incident.missing:
+        never = {order.key(rec.held) for rec in incident.ranks.values()
+                 if rec.dumped and rec.held is not None and rec.held.state == IN_FLIGHT
+                 and m in incident.groups[rec.held.group].ranks}
+        if not never:
+            continue
+        for record in incident.ranks.values():
+            for index, call in enumerate(record.calls):
+                if call.state != RETIRED or call.p2p or m not in incident.groups[call.group].ranks:
+                    continue
+                key = order.key(call)
+                if key in never or any(order.precedes(k, key) for k in never):
+                    record.replace(index, _replace(call, state=FAILED))
+
+
+def _replace(call: Call, **changes: Any) -> Call:
+    from dataclasses import replace
+
+    return replace(call, **changes)
+
+
+class ProgramOrder:
+    """Which of two calls comes first in the program, by the majority of the ranks that made both.
+
+    A call is named by its role (every group of one mesh dim plays one part) and its count in its group, so
+    ranks on different groups of a dim vote together, as SPMD code makes them. Ties and no evidence: None.
+    """
+
+    def __init__(self, incident: Incident):
+        self.incident = incident
+        self.position: dict[int, dict[tuple, int]] = {}
+        for rank, record in incident.ranks.items():
+            if record.dumped:
+                self.position[rank] = {self.key(c): i for i, c in enumerate(record.calls) if not c.p2p}
+        self._cache: dict[tuple, bool | None] = {}
+
+    def key(self, call: Call) -> tuple:
+        return (self.incident.role(call.group), call.seq)
+
+    def precedes(self, first: tuple, then: tuple) -> bool | None:
+        cached = self._cache.get((first, then), ...)
+        if cached is not ...:
+            return cached
+        votes: Counter = Counter()
+        for positions in self.position.values():
+            a, b = positions.get(first), positions.get(then)
+            if a is not None and b is not None:
+                votes[a < b] += 1
+        answer = None if votes[True] == votes[False] else votes[True] > votes[False]
+        self._cache[(first, then)] = answer
+        return answer

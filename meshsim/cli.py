@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("target", metavar="TARGET", help="the script (or, with -m, the module)")
     la.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
+    rp = sub.add_parser("replay", help="a production hang rebuilt from its Flight Recorder dumps: culprits, a "
+                                       "scenario file, and its replay on the simulated cluster")
+    from .replay.cli import add_arguments
+
+    add_arguments(rp)
+
     op = sub.add_parser("ops", help="the plan language: every operation and its fields (generated from meshsim.ops)")
     op.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
 
@@ -459,6 +465,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay.cli import main as replay_main
+
+    return replay_main(args)
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
@@ -480,9 +492,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"launch": cmd_launch, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run, "nightly": cmd_nightly,
-            "examples": cmd_examples, "findings": cmd_findings,
-            "explain": cmd_explain}
+COMMANDS = {"launch": cmd_launch, "replay": cmd_replay, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run,
+            "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings, "explain": cmd_explain}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,16 +60,19 @@ class Prediction:
     undefined_finding: str | None = None  # ... because of this finding (None: because a rank died)
     model_error: str | None = None  # the model failed on this plan: it predicts nothing
     model_error_step: int | None = None  # ... at this step
+    late: list[int] = field(default_factory=list)  # ranks still sleeping at the deadline (stragglers)
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
 
-    def as_record(self, deadline: float, tier: str = "model") -> RunRecord:
+    def as_record(self, deadline: float, tier: str = "model", plan: Plan | None = None) -> RunRecord:
         """The run the model predicts, as the record an executor would return: every rank's observations as torch
-        is predicted to report them, and the stuck ranks in the calls the model says they wait in, with every
-        rank's calls on every group (the judge's culprit rule reads those)."""
-        states = _states(self, with_calls=bool(self.stuck))
-        return RunRecord(self.world, deadline, states, 0.0, bool(self.stuck), tier=tier)
+        is predicted to report them, and the stuck ranks in the calls the model says they wait in, with the calls
+        every rank made on every group up to there (the judge's culprit rule reads those)."""
+        states = _states(self, with_calls=bool(self.stuck or self.late), plan=plan)
+        for rank in self.late:  # asleep past the deadline, outside any call
+            states[rank].end, states[rank].done = STUCK, False
+        return RunRecord(self.world, deadline, states, 0.0, bool(self.stuck or self.late), tier=tier)
 
 
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
@@ -86,11 +89,9 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
     stuck, mismatched = simulate(preds)
     late = [p.rank for p in preds if deadline is not None and p.slept >= deadline]
     outcome = outcome_of((p.end for p in preds), hung=bool(stuck or late))
-    prediction = Prediction(world, preds, outcome, stuck, mismatched, [], findings)
+    prediction = Prediction(world, preds, outcome, stuck, mismatched, [], findings, late=late)
     if outcome != PASS:
         record = prediction.as_record(deadline or 0.0)
-        for rank in late:  # a sleep past the deadline: a straggler outside any collective
-            record.states[rank].end, record.states[rank].done = STUCK, False
         sizes = [r for _, odd in mismatched for r in odd]
         prediction.culprits = blame(record, divergent_ranks(plan, world), sizes).culprits
     stuck_ranks = {s.rank for s in stuck}
@@ -354,8 +355,9 @@ def divergent_ranks(plan: Plan, world: int) -> set[int]:
     return culprits
 
 
-def _states(prediction: Prediction, with_calls: bool) -> list[RankState]:
+def _states(prediction: Prediction, with_calls: bool, plan: Plan | None = None) -> list[RankState]:
     seen: dict[int, Any] = {}
+    stuck_in = {stuck.rank: stuck.call for stuck in prediction.stuck}
     states = []
     for pred in prediction.ranks:
         state = RankState(pred.rank, observations=[_as_observed(o, seen) for o in pred.observations],
@@ -363,24 +365,35 @@ def _states(prediction: Prediction, with_calls: bool) -> list[RankState]:
         if pred.end == DIED:
             state.exitcode = 1
         if with_calls:
-            state.meshes = list(pred.meshes)
-            for call in pred.calls:
-                state.on_event(_call_begun(call))
-            state.call = None
+            _replay_calls(state, pred, stuck_in.get(pred.rank))
+        held = stuck_in.get(pred.rank)
+        if held is not None:
+            state.end, state.done, state.step = STUCK, False, held.step
+            state.op = plan.steps[held.step].op if plan is not None and 0 <= held.step < len(plan.steps) else None
+            state.call = _call_begun(held)
         states.append(state)
-    for stuck in prediction.stuck:
-        state = states[stuck.rank]
-        state.end, state.done, state.step = STUCK, False, stuck.call.step
-        state.call = _call_begun(stuck.call)
     return states
+
+
+def _replay_calls(state: RankState, pred: RankPrediction, held: Call | None) -> None:
+    """The rank's progress as torch's would have reported it: every call up to the one it is held in (the model
+    lists the calls the plan makes, those it would never reach included)."""
+    last = next(i for i, c in enumerate(pred.calls) if c is held) if held is not None else len(pred.calls) - 1
+    reached = pred.calls[:last + 1]
+    until = reached[-1].step if reached else -1
+    state.meshes = [m for m in pred.meshes if m[0] <= until]
+    for call in reached:
+        state.on_event(_call_begun(call))
+    state.call = None
 
 
 def _call_begun(call: Call) -> CallBegun:
     """A model call as the progress message a rank would have sent before it: its group named by the group's
     creation counter (or "world"), its position on that group, and its step as the site."""
     if call.kind == "create":
-        return CallBegun("new_group", tuple(call.members), str(call.key[0]), 0, None, None)
-    return CallBegun(call.kind, tuple(call.members), str(call.key[0]), call.key[-1], None, call.step)
+        desc = call.detail[0] if call.detail else None
+        return CallBegun("new_group", tuple(call.members), str(call.key[0]), 0, (None, desc), None)
+    return CallBegun(call.kind, tuple(call.members), str(call.key[0]), call.key[-1], call.context, call.step)
 
 
 def _as_observed(value: Any, seen: dict[int, Any]) -> Any:

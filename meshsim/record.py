@@ -40,6 +40,8 @@ class RankState:
     call: CallBegun | None = None  # while blocked in it
     calls_on: dict[str, int] = field(default_factory=dict)  # group name -> collectives issued on it
     call_log: dict[tuple[str, int], tuple[Site, str]] = field(default_factory=dict)  # (group, seq) -> (site, kind)
+    issued: list[tuple[str, int]] = field(default_factory=list)  # (group, seq) of every collective, in issue order
+    sizes: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the tensors it passed
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
@@ -79,6 +81,9 @@ class RankState:
             self.calls_on[event.group] = event.seq + 1
             self.call_log[(event.group, event.seq)] = (event.site if event.site is not None else self.step,
                                                        event.kind)
+            self.issued.append((event.group, event.seq))
+            if event.sizes is not None:
+                self.sizes[(event.group, event.seq)] = event.sizes
 
     def _batch(self, event: Batch) -> None:
         for inner in event.events:

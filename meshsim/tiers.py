@@ -104,7 +104,7 @@ class ModelExecutor:
             from .check import prediction_for
 
             prediction = prediction_for(work.plan, self.world, work.deadline, self.platform)
-        record = prediction.as_record(work.deadline, self.tier)
+        record = prediction.as_record(work.deadline, self.tier, work.plan)
         record.elapsed = time.monotonic() - started
         record.notes.append("model tier: these are the model's own predictions; torch did not run")
         return record

@@ -131,6 +131,7 @@ class CallBegun(NamedTuple):
     seq: int
     context: tuple[Any, ...] | None  # (mesh handle or label, dim[, group coordinate]) when known
     site: str | int | None = None  # where in the user's code ("train.py:42"), or a plan's step; None: unknown
+    sizes: str | None = None  # the tensors it passed, "float32[4]" (user code; a plan's are the model's to know)
 
 
 class CallReturned(NamedTuple):

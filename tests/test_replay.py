@@ -14,9 +14,9 @@ import random
 import shutil
 import sys
 import time
+import tomllib
 
 import pytest
-import tomllib
 
 from meshsim.replay.analyze import DEAD, MISMATCH, SKIPPED, STALLED, analyze, to_record
 from meshsim.replay.dumps import ReplayError, read_dir

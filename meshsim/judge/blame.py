@@ -41,13 +41,34 @@ KINDS = {
 
 
 @dataclass
+class Cause:
+    """Why one rank is a culprit: the kind, in words, and the call of its group it missed or mismatched."""
+
+    rank: int
+    kind: str
+    text: str
+    group: str | None = None
+    seq: int | None = None  # the call's position on its group, from 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "kind": self.kind, "group": self.group, "seq": self.seq, "text": self.text}
+
+
+@dataclass
 class Blame:
-    """The kind of failure, its culprits, and what the others did (rank -> words)."""
+    """The kind of failure, its culprits with their causes (the most telling first), and what the others did."""
 
     kind: str
     culprits: list[int]
     note: str = ""
     victims: dict[int, str] = field(default_factory=dict)
+    causes: list[Cause] = field(default_factory=list)
+
+
+def _plainly(kind: str, ranks: list[int], states: list[RankState], note: str = "",
+             victims: dict[int, str] | None = None) -> Blame:
+    """A blame whose causes are where each culprit is."""
+    return Blame(kind, ranks, note, victims or {}, [Cause(r, kind, f"rank {r} {states[r].where}") for r in ranks])
 
 
 def same_call(a: CallBegun | None, b: CallBegun | None) -> bool:
@@ -79,23 +100,21 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
     states = record.states
     died = [s.rank for s in states if s.end == DIED]
     if died:
-        return Blame(KINDS["dead"], died)
+        return _plainly(KINDS["dead"], died, states)
     left_outside = [s.rank for s in states if s.end == RAISED and s.failed_in is None]
     if left_outside:
-        return Blame(KINDS["raised"], left_outside)
+        return _plainly(KINDS["raised"], left_outside, states)
     held = {s.rank: call for s in states if (call := blocked_call(s)) is not None}
-    stalled = [s.rank for s in states if s.end == STUCK and s.call is None]
-    waited_for = {m for r, call in held.items() for m in missing_from(call, states)}
-    late = [r for r in stalled if r in waited_for or not held]
-    if late:
-        return Blame(KINDS["straggler"], late, victims=_waiting_for(held, late))
-    if not held:
-        return Blame(KINDS["unknown"], [])
+    if not held:  # nobody waits in a call: the ranks still running past the deadline are the stragglers
+        stalled = [s.rank for s in states if s.end == STUCK]
+        return _plainly(KINDS["straggler"] if stalled else KINDS["unknown"], stalled, states)
     evidence = sorted(set(size_evidence))
     if evidence:
-        return Blame(KINDS["size"], evidence, victims=_waiting_for(held, evidence))
+        return _plainly(KINDS["size"], evidence, states, victims=_waiting_for(held, evidence))
     if any(call.kind == "new_group" for call in held.values()):
-        return _creation(states, held)
+        found = _creation(states, held)
+        found.causes = [Cause(r, found.kind, f"rank {r} {states[r].where}") for r in found.culprits]
+        return found
     return _collectives(states, held, set(divergent))
 
 
@@ -110,122 +129,255 @@ def _waiting_for(held: dict[int, CallBegun], culprits: list[int]) -> dict[int, s
 # ------------------------------------------------------------------------------------------ collectives
 
 
-def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent: set[int]) -> Blame:
-    """Follow who waits for whom to the roots; on each root's group, compare the members' call sequences.
+class ProgramOrder:
+    """Which of two calls comes first in the program, by the majority of the ranks that made both.
 
-    A rank whose missing peers are all held on *other* groups is only downstream of the problem. With no root at
-    all, ranks wait on each other across groups: calls made in a different order.
+    `sequences` holds each rank's calls in the order it issued them, each named by a key that every rank uses for
+    the same call of the program: its group's role (every group of one mesh dim plays one part, as SPMD code
+    makes them) and its position on the group. Ties, and no evidence: None.
     """
-    def downstream(rank: int) -> bool:
-        missing = missing_from(held[rank], states)
-        return bool(missing) and all(m in held and held[m].group != held[rank].group for m in missing)
 
-    roots = {call.group: call for rank, call in sorted(held.items()) if not downstream(rank)}
-    if not roots:
-        return _reordered(held, divergent)
-    culprits: set[int] = set()
-    kinds: list[str] = []
-    victims: dict[int, str] = {}
-    for call in roots.values():
-        found = _sequence_culprits(states, call, divergent)
-        culprits |= set(found.culprits)
-        kinds.append(found.kind)
-        victims.update(found.victims)
-    if not culprits:
-        culprits = {m for call in roots.values() for m in missing_from(call, states)}
-    if not culprits:  # every member is in the call and it raised: the call itself failed on each of them
+    def __init__(self, sequences: Iterable[list[Any]]):
+        self.position = [{key: i for i, key in enumerate(keys)} for keys in sequences]
+        self._cache: dict[tuple[Any, Any], bool | None] = {}
+
+    def precedes(self, first: Any, then: Any) -> bool | None:
+        if (first, then) not in self._cache:
+            votes: Counter[bool] = Counter()
+            for positions in self.position:
+                a, b = positions.get(first), positions.get(then)
+                if a is not None and b is not None:
+                    votes[a < b] += 1
+            self._cache[(first, then)] = None if votes[True] == votes[False] else votes[True] > votes[False]
+        return self._cache[(first, then)]
+
+
+class _StateOrder(ProgramOrder):
+    """The program order of a record's ranks."""
+
+    def __init__(self, states: list[RankState]):
+        self.roles = _roles(states)
+        super().__init__([self.key(group, seq) for group, seq in s.issued] for s in states)
+
+    def key(self, group: str, seq: int) -> tuple[Any, int]:
+        return (self.roles.get(group, group), seq)
+
+
+def _roles(states: list[RankState]) -> dict[str, Any]:
+    """group name -> the part it plays: a mesh dim (DeviceMesh names its groups "mesh_<dim>"; a call made through
+    get_group carries its dim), else the group itself."""
+    roles: dict[str, Any] = {}
+    for s in states:
+        for group, desc in s.created_as.items():
+            if desc.startswith("mesh_"):
+                roles.setdefault(group, ("dim", desc[len("mesh_"):]))
+        for call in (s.call, s.failed_in):
+            if call is not None and call.context is not None and len(call.context) > 1 and call.context[1] is not None:
+                roles.setdefault(call.group, ("dim", str(call.context[1])))
+    return roles
+
+
+def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent: set[int]) -> Blame:
+    """For every member that a held rank waits for: why it is not in that call. It left or stalled (a culprit),
+    it went past the call to one the others make after it (it skipped it: a culprit), or it is held up upstream
+    (the wait goes on through it). Members that made another call at the same position disagree: the minority
+    is to blame, unless a member skipped an earlier call of the group (then its partners completed mismatched
+    calls: victims). With no cause at all, the waits form a cycle of calls made in different orders."""
+    order = _StateOrder(states)
+    causes: dict[int, Cause] = {}
+    upstream: dict[int, set[int]] = {}
+    why: dict[tuple[str, int, int], Cause | None] = {}
+    for rank, call in sorted(held.items()):
+        for m in _not_there(states, call):
+            if (call.group, call.seq, m) not in why:
+                why[(call.group, call.seq, m)] = _why_missing(states, order, call, m)
+            cause = why[(call.group, call.seq, m)]
+            if cause is not None:
+                causes.setdefault(m, cause)
+            else:
+                upstream.setdefault(rank, set()).add(m)
+    for call in sorted(held.values()):
+        skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq <= call.seq
+                             for c in causes.values())
+        if not skipped_before:
+            for cause in _disagreement(states, call, divergent):
+                causes.setdefault(cause.rank, cause)
+    if not causes and upstream:
+        causes.update(_cycle(order, held, upstream, divergent))
+    if not causes:
         raised = sorted(r for r in held if states[r].end == RAISED)
-        if raised:
+        if raised:  # every member is in the call and it raised: the call itself failed on each of them
             return Blame(KINDS["raised"], raised)
-    kind = KINDS["mismatched"] if KINDS["mismatched"] in kinds else \
-        KINDS["left"] if kinds and all(k == KINDS["left"] for k in kinds) else KINDS["skipped"]
-    for rank, call in held.items():
-        if rank not in culprits and rank not in victims:
-            victims[rank] = f"waits in {call.kind} #{call.seq} on group {list(call.ranks)}"
-    return Blame(kind, sorted(culprits), victims={r: v for r, v in victims.items() if r not in culprits})
+        return Blame(KINDS["unknown"], [])
+    ordered = sorted(causes.values(), key=lambda c: (_PRIORITY.index(c.kind), c.rank))
+    culprits = sorted(causes)
+    victims = _victims(states, held, culprits)
+    return Blame(ordered[0].kind, culprits, ordered[0].text, victims, ordered)
 
 
-def _reordered(held: dict[int, CallBegun], divergent: set[int]) -> Blame:
-    camps = Counter(call.group for call in held.values())
-    (first, _), = camps.most_common(1)
-    minority = sorted(rank for rank, call in held.items() if call.group != first)
-    culprits = sorted(divergent & set(held)) or minority or sorted(held)
-    return Blame(KINDS["reordered"], culprits, victims=_waiting_for(held, culprits))
+_PRIORITY = (KINDS["left"], KINDS["straggler"], KINDS["skipped"], KINDS["mismatched"], KINDS["reordered"])
 
 
-def _sequence_culprits(states: list[RankState], call: CallBegun, divergent: set[int]) -> Blame:
-    """On `call`'s group, the members whose sequence of calls parts from the others' first."""
-    group, members = call.group, [m for m in call.ranks if m < len(states)]
-    seqs = {m: states[m].sequence(group) for m in members}
-    depth = max(len(s) for s in seqs.values())
-    for k in range(depth):
-        at = {m: (seqs[m][k] if k < len(seqs[m]) else None) for m in members}
+def _not_there(states: list[RankState], call: CallBegun) -> list[int]:
+    """Members of the call's group that have not issued that call (position on the group)."""
+    return [m for m in call.ranks if m < len(states) and states[m].calls_on.get(call.group, 0) <= call.seq]
+
+
+def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m: int) -> Cause | None:
+    """Why member m has not issued `call`; None when it is held up upstream (the wait goes on through it)."""
+    state = states[m]
+    count = state.calls_on.get(call.group, 0)
+    wanted = order.key(call.group, count)
+    missed = f"{call.kind} #{count} on group {list(call.ranks)}"
+    held = blocked_call(state)
+    if held is None:
+        later = [(g, q) for g, q in state.issued if order.precedes(wanted, order.key(g, q))]
+        if later:
+            text = f"rank {m} skipped {missed}: it made {_describe(state, *later[0])}, which the others make after it"
+            return Cause(m, KINDS["skipped"], text, call.group, count)
+        if state.end == STUCK:
+            text = (f"rank {m} is in no collective, {count} calls into group {list(call.ranks)} where its peers wait "
+                    f"in #{call.seq}")
+            return Cause(m, KINDS["straggler"], text, call.group, count)
+        text = f"rank {m} {state.where} after {count} calls on group {list(call.ranks)}, where its peers wait"
+        return Cause(m, KINDS["left"], text, call.group, count)
+    if order.precedes(wanted, order.key(held.group, held.seq)):
+        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {list(held.ranks)}, "
+                "which the others make after it, and waits there")
+        return Cause(m, KINDS["skipped"], text, call.group, count)
+    return None
+
+
+def _describe(state: RankState, group: str, seq: int) -> str:
+    site, kind = state.call_log.get((group, seq), (None, "?"))
+    at = f" at {_site(site)}" if site is not None else ""
+    return f"{kind} #{seq} on group {group}{at}"
+
+
+def _disagreement(states: list[RankState], call: CallBegun, divergent: set[int]) -> list[Cause]:
+    """Members whose calls on the group part from the others' by the time of `call`.
+
+    Along the group's positions, the first where members made different calls tells: a minority whose call there
+    is the one the others make next skipped a call; a minority that made a call the others do not (their call
+    there is its next one) added one; a minority that made another kind of call (or passed other sizes) at the
+    held position disagrees. Calls that differ only in where they were made are an SPMD program's own branches.
+    """
+    members = [m for m in call.ranks if m < len(states)]
+    for seq in range(call.seq + 1):
+        made = {m: states[m].call_log.get((call.group, seq)) for m in members}
+        made = {m: entry for m, entry in made.items() if entry is not None}
         camps: dict[Any, list[int]] = {}
-        for m, entry in at.items():
+        for m, entry in sorted(made.items()):
             camps.setdefault(entry, []).append(m)
-        if len(camps) < 2:
+        sizes = {states[m].sizes.get((call.group, seq)) for m in made}
+        if len(camps) < 2 and (len(sizes) < 2 or None in sizes):
             continue
-        odd = _odd_camps(camps, seqs, k, states, divergent)
-        return Blame(_kind_at(camps, odd, at, states), odd, victims=_victims(seqs, k, odd, at, states))
-    return Blame(KINDS["skipped"], [])
+        found = _parted(states, call, seq, camps, divergent)
+        if found:
+            return found
+    return []
 
 
-def _odd_camps(camps: dict[Any, list[int]], seqs: dict[int, list[Any]], k: int, states: list[RankState],
-               divergent: set[int]) -> list[int]:
-    """The ranks outside the largest camp; between camps of equal size: who skipped by the sites, then the plan's
-    divergent ranks, then those that stopped calling on the group."""
-    largest = max(len(ranks) for ranks in camps.values())
-    leaders = [entry for entry, ranks in camps.items() if len(ranks) == largest]
-    if len(leaders) == 1:
-        return sorted(m for entry, ranks in camps.items() if entry != leaders[0] for m in ranks)
-    skipped = [entry for entry in leaders if entry is not None and _is_ahead(entry, camps, seqs, k)]
-    if len(skipped) == 1:
-        return sorted(camps[skipped[0]])
-    odd = sorted(m for ranks in camps.values() for m in ranks if m in divergent)
-    if odd:
-        return odd
-    if None in camps:
-        return sorted(camps[None])
-    return sorted(m for ranks in camps.values() for m in ranks)
+def _ahead(states: list[RankState], group: str, seq: int, entry: Any, camps: dict[Any, list[int]]) -> bool:
+    """Whether the call `entry` made at position `seq` is what the members of every other camp make at seq + 1."""
+    others = [m for other, ranks in camps.items() if other != entry for m in ranks]
+    return bool(others) and all(states[m].call_log.get((group, seq + 1)) == entry for m in others)
 
 
-def _is_ahead(entry: Any, camps: dict[Any, list[int]], seqs: dict[int, list[Any]], k: int) -> bool:
-    """Whether the camp that made `entry` at position k skipped a call: what it made there is what every other
-    camp makes next, at k + 1 (sites must say where calls come from for this to tell anything)."""
-    site, _ = entry
-    if site is None:
-        return False
-    for other, ranks in camps.items():
-        if other == entry:
-            continue
-        nexts = {tuple(seqs[m][k + 1]) if k + 1 < len(seqs[m]) else None for m in ranks}
-        if nexts != {tuple(entry)}:
-            return False
-    return True
+def _parted(states: list[RankState], call: CallBegun, seq: int, camps: dict[Any, list[int]],
+            divergent: set[int]) -> list[Cause]:
+    """At one position of the group, members made different calls: who parted from whom, if anyone."""
+    group = f"group {list(call.ranks)}"
+    skipped = [entry for entry in camps if _ahead(states, call.group, seq, entry, camps)]
+    if len(skipped) == 1:  # its call there is the one every other camp makes next
+        norm = next(e for e in camps if e != skipped[0])
+        return [Cause(r, KINDS["skipped"], f"rank {r} skipped {norm[1]} #{seq} on {group} (made at "
+                      f"{_site(norm[0])}): its call there is the one the others make next", call.group, seq)
+                for r in camps[skipped[0]]]
+    added = [entry for entry in camps if len(camps) > 1 and all(
+        _ahead(states, call.group, seq, other, {entry: camps[entry]}) for other in camps if other != entry)]
+    if len(added) == 1:  # every other camp's call there is its next one
+        return [Cause(r, KINDS["mismatched"], f"rank {r} added a call the others do not make: {added[0][1]} "
+                      f"#{seq} on {group} at {_site(added[0][0])}", call.group, seq) for r in camps[added[0]]]
+    kinds = {entry[1] for entry in camps}
+    sized = {states[m].sizes.get((call.group, seq)) for ranks in camps.values() for m in ranks}
+    if len(kinds) < 2 and (len(sized) < 2 or None in sized):
+        return []  # the same call from different lines: the program's own branches
+    by_call: dict[str, list[int]] = {}
+    for entry, ranks in camps.items():
+        for m in ranks:
+            sizes = states[m].sizes.get((call.group, seq)) if None not in sized else None
+            by_call.setdefault(f"{entry[1]} of {sizes}" if sizes else entry[1], []).append(m)
+    largest = max(len(v) for v in by_call.values())
+    top = [made for made, ranks in by_call.items() if len(ranks) == largest]
+    odd = sorted(m for made, ranks in by_call.items() if len(top) > 1 or made != top[0] for m in ranks)
+    if len(top) > 1 and divergent & set(odd):
+        odd = sorted(divergent & set(odd))
+    mine = {m: made for made, ranks in by_call.items() for m in ranks}
+    others = f" where the others made {top[0]}" if len(top) == 1 else " and no two members agree"
+    return [Cause(r, KINDS["mismatched"], f"rank {r} made {mine[r]} #{seq} on {group}{others}", call.group, seq)
+            for r in odd]
 
 
-def _kind_at(camps: dict[Any, list[int]], odd: list[int], at: dict[int, Any], states: list[RankState]) -> str:
-    if any(at[m] is None for m in odd):
-        gone = all(at[m] is None and states[m].end != STUCK for m in odd)
-        return KINDS["left"] if gone and all(states[m].done for m in odd) else KINDS["skipped"]
-    kinds = {entry[1] for entry in camps if entry is not None}
-    return KINDS["mismatched"] if len(kinds) > 1 else KINDS["skipped"]
+def _cycle(order: _StateOrder, held: dict[int, CallBegun], upstream: dict[int, set[int]],
+           divergent: set[int]) -> dict[int, Cause]:
+    """Every wait leads to another rank's wait: calls made in different orders. The ranks whose held call breaks
+    the majority's program order are to blame; with no majority, the plan's divergent ranks, else every rank of
+    the cycle."""
+    blamed: dict[int, Cause] = {}
+    for rank, call in held.items():
+        for m in upstream.get(rank, ()):
+            theirs = held.get(m)
+            if theirs is None:
+                continue
+            if order.precedes(order.key(theirs.group, theirs.seq), order.key(call.group, call.seq)) is False:
+                continue
+            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {list(theirs.ranks)} while rank {rank} "
+                    f"waits for it in {call.kind} #{call.seq} on group {list(call.ranks)}: the two make these calls "
+                    "in opposite orders")
+            blamed.setdefault(m, Cause(m, KINDS["reordered"], text, call.group, call.seq))
+    if divergent & set(blamed):
+        blamed = {r: c for r, c in blamed.items() if r in divergent}
+    return blamed
 
 
-def _victims(seqs: dict[int, list[Any]], k: int, odd: list[int], at: dict[int, Any],
-             states: list[RankState]) -> dict[int, str]:
-    """What the others did at the position where the culprits parted: a rank that completed a call there, paired
-    with a culprit's other call, completed a mismatched collective; the rest wait."""
+def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list[int]) -> dict[int, str]:
+    """What every rank that is not to blame did: where it waits, and a call it completed paired with another
+    call of a culprit (a mismatched collective, because its partner skipped or added one)."""
     out: dict[int, str] = {}
-    for m, entry in at.items():
-        if m in odd or entry is None:
+    for rank, call in held.items():
+        if rank in culprits:
             continue
-        partners = [o for o in odd if at[o] is not None and at[o] != entry]
-        if len(seqs[m]) > k + 1 and partners:
-            theirs = ", ".join(f"rank {o}'s {at[o][1]} at {_site(at[o][0])}" for o in partners[:3])
-            out[m] = (f"completed {entry[1]} #{k} at {_site(entry[0])} paired with {theirs}: a mismatched "
-                      "collective, because its partner skipped or added one")
+        verb = "raised in" if states[rank].end == RAISED else "waits in"
+        out[rank] = f"{verb} {call.kind} #{call.seq} on group {list(call.ranks)}"
+    for culprit in culprits:
+        for (group, seq), (site, kind) in states[culprit].call_log.items():
+            if _in(states[culprit], group, seq):
+                continue  # not completed: nobody was paired with it
+            for m in _members(states, group):
+                theirs = states[m].call_log.get((group, seq))
+                if m in culprits or theirs is None or theirs == (site, kind) or _in(states[m], group, seq):
+                    continue
+                note = (f"completed {theirs[1]} #{seq} at {_site(theirs[0])} paired with rank {culprit}'s "
+                        f"{kind} at {_site(site)}: a mismatched collective, because rank {culprit} skipped or "
+                        "added a call")
+                out[m] = out.get(m, "finished") + "; earlier it " + note
     return out
+
+
+def _in(state: RankState, group: str, seq: int) -> bool:
+    """Whether the rank is held in that very call (it has not completed it)."""
+    call = blocked_call(state)
+    return call is not None and call.group == group and call.seq == seq
+
+
+def _members(states: list[RankState], group: str) -> list[int]:
+    for s in states:
+        if s.call is not None and s.call.group == group:
+            return list(s.call.ranks)
+        if group in s.created:
+            return list(s.created[group])
+    return [s.rank for s in states if group in s.calls_on]
 
 
 def _site(site: Any) -> str:

@@ -178,7 +178,7 @@ def _summary(d: Diagnosis, states: list[RankState]) -> str:
     missing = ", ".join(f"{m} {states[m].where}" for m in w.missing[:4]) or "nobody"
     more = f" (and {len(d.waits) - 1} more waiting ranks)" if len(d.waits) > 1 else ""
     at = {"function": "in the user function", "script": "in the script"}.get(w.op or "", f"at step {w.step} ({w.op})")
-    if w.site:
+    if isinstance(w.site, str):  # (a plan's step is said already)
         at += f" at {w.site}"
     verb = "raised" if w.raised else "waits"
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} {verb} in {w.call} #{w.seq} on group "

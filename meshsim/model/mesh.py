@@ -40,6 +40,7 @@ class Call:
     members: tuple[int, ...]
     step: int
     detail: tuple = ()  # what must also agree (collective numel/src)
+    context: tuple | None = field(default=None, compare=False)  # (mesh handle, dim) it was made along
 
     def describe(self) -> str:
         if self.kind == "create":
@@ -95,6 +96,7 @@ class RankModel:
         self.platform = platform
         self.group_counter = 0  # torch's _world.group_count: every new_group call bumps it on every rank
         self.calls: list[Call] = []
+        self.context: tuple | None = None  # (mesh handle, dim) of the collective being made, as torch's progress says
         self.meshes: list[tuple] = []  # (step, shape, names, ranks) of each mesh whose groups it made, as torch's
         self.seq: dict[tuple, int] = {}
         self.step = -1
@@ -119,13 +121,13 @@ class RankModel:
         """A valid group this rank is a member of (members sorted): the next name, and a blocking call."""
         key = (self.group_counter, members)
         self.group_counter += 1
-        self.calls.append(Call("create", key, members, self.step))
+        self.calls.append(Call("create", key, members, self.step, (desc,)))
         return Group(key, members, order, desc)
 
     def collective(self, op: str, group: Group, detail: tuple = ()) -> None:
         n = self.seq.get(group.key, 0)
         self.seq[group.key] = n + 1
-        self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail))
+        self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail, self.context))
 
     def _init_process_groups(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
                              forced: tuple[bool, ...] = ()) -> list[Group]:

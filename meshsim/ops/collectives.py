@@ -43,7 +43,13 @@ def torch_group(ex: Any, a: dict) -> tuple[Any, Any]:
 def on_model_group(run: Any, a: dict, call: Any) -> Any:
     """The model's side of a collective: `call(model, group)` on a member, None (nothing) on a non-member."""
     group = model_group(run, a)
-    return None if group is None else call(run.model, group)
+    if group is None:
+        return None
+    run.model.context = (a["mesh"], a.get("dim")) if "mesh" in a else None
+    try:
+        return call(run.model, group)
+    finally:
+        run.model.context = None
 
 
 def on_torch_group(ex: Any, a: dict, call: Any) -> Any:

@@ -175,9 +175,11 @@ class Check:
                 entry["group_by_name"] = _model_attempt(model.group_observation, mesh, name)
                 entry["local_rank_by_name"] = _model_attempt(model.local_rank_observation, mesh, name)
             if a.get("collectives", True):
+                model.context = (a["mesh"], mesh.names[index] if mesh.names and index < len(mesh.names) else index)
                 entry["all_reduce"] = C.all_reduce_expected(model, group, model.world)
                 entry["all_gather"] = C.all_gather_expected(model, group)
                 entry["broadcast"] = C.broadcast_expected(model, group, 0)
+                model.context = None
             obs["dims"].append(entry)
         obs["all_groups"] = _model_attempt(lambda: [model.group_observation(mesh, i) for i in range(mesh.ndim)])
         return obs

@@ -74,7 +74,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"meshsim replay: {why_not[1:]}", file=sys.stderr)
             return 2
     report = _report(dumpset, incident, analysis, replay, path, torch_answer, run, why_not, analysed)
+    report["judged"] = _judged(incident)
     if args.json:
+        report["judged"] = report["judged"].to_json()
         print(json.dumps(report, indent=2, default=str))
     else:
         _print(report)
@@ -83,22 +85,23 @@ def main(args: argparse.Namespace) -> int:
 
 def _run(scenario: Any, tier: str) -> tuple[Any, str | None]:
     """The scenario on `tier`, judged as `meshsim run` judges it; a world the tier cannot hold is refused."""
+    from ..cluster import Cluster
+    from ..errors import MeshsimError
     from ..scenario import judge_scenario
-    from ..tiers import open_executor
 
     try:
-        executor = open_executor(scenario.topology, tier, deadline=scenario.deadline)
-    except (ValueError, RuntimeError) as exc:  # TierError, or ClusterError: a world beyond the tier
+        cluster = Cluster(scenario.topology, tier=tier, deadline=scenario.deadline)
+    except MeshsimError as exc:  # a world beyond the tier
         return None, f"!the scenario is written, but {exc}"
     try:
-        executor.start()
-    except (RuntimeError, OSError) as exc:  # ClusterError: the ranks could not start here
-        executor.close()
+        cluster.start()
+    except (MeshsimError, OSError) as exc:  # the ranks could not start here
+        cluster.close()
         return None, f"!the scenario is written, but the {tier} tier could not start: {exc}"
     try:
-        result = executor.run(scenario.plan, deadline=scenario.deadline)
+        result = cluster.run(scenario.plan, deadline=scenario.deadline)
     finally:
-        executor.close()
+        cluster.close()
     return judge_scenario(scenario, result), None
 
 
@@ -121,6 +124,21 @@ def _report(dumpset: Any, incident: Any, analysis: Any, replay: Any, path: str, 
     return out
 
 
+def _judged(incident: Any) -> Any:
+    """The incident's record through meshsim's one judge: the same diagnosis a live hang gets."""
+    from ..judge.verdict import judge
+    from .analyze import to_record
+
+    return judge(to_record(incident), "replay")
+
+
+def _render_judged(verdict: Any) -> None:
+    from ..report import make_console, render_diagnosis
+
+    if verdict.diagnosis is not None:
+        render_diagnosis(verdict.diagnosis, make_console())
+
+
 def _agreement(analysis: Any, torch_answer: Any) -> str:
     if not torch_answer.available:
         return "torch's analyzer is not available"
@@ -138,7 +156,8 @@ def _print(report: dict) -> None:
           f"{report['backend']}, world {report['world']}{missing})")
     for m in report["meshes"]:
         print(f"  mesh {tuple(m['shape'])} dims {m['names']}")
-    print(f"\n{d['summary']}")
+    print()
+    _render_judged(report["judged"])
     for rank, text in sorted(d["victims"].items(), key=lambda kv: int(kv[0])):
         print(f"  rank {rank}: {text}")
     for text in d["completed_mismatched"]:

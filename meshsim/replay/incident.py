@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..judge.blame import ProgramOrder as _VotedOrder
 from .dumps import ReplayError, is_newer_than_known
 
 COMPLETED = "completed"
@@ -498,7 +499,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
         chosen.append((shape, names, assignment))
         for dim, expected in assignment.items():
             keys = []
-            for position, (members, group) in enumerate(expected):
+            for _position, (members, group) in enumerate(expected):
                 if group is None:
                     continue  # a group no rank recorded anything on, and whose name cannot be known
                 group.ranks, group.mesh, group.dim = tuple(members), index, dim
@@ -621,7 +622,7 @@ def _add_unseen_mesh_groups(groups: dict[str, Group], meshes: list[Mesh], fit: l
     sequential names tell it, so that a rank without a dump shows in every group it belonged to."""
     if not numbered:
         return
-    for index, (shape, names, assignment) in enumerate(fit):
+    for index, (_shape, _names, assignment) in enumerate(fit):
         for dim, slots in assignment.items():
             named = [(i, g) for i, (_, g) in enumerate(slots) if g is not None]
             if not named:
@@ -720,33 +721,14 @@ def _replace(call: Call, **changes: Any) -> Call:
     return replace(call, **changes)
 
 
-class ProgramOrder:
-    """Which of two calls comes first in the program, by the majority of the ranks that made both.
-
-    A call is named by its role (every group of one mesh dim plays one part) and its count in its group, so
-    ranks on different groups of a dim vote together, as SPMD code makes them. Ties and no evidence: None.
-    """
+class ProgramOrder(_VotedOrder):
+    """The program order of an incident's dumped ranks (meshsim.judge.blame.ProgramOrder: by majority vote); a
+    call is named by its group's role and its count on the group."""
 
     def __init__(self, incident: Incident):
         self.incident = incident
-        self.position: dict[int, dict[tuple, int]] = {}
-        for rank, record in incident.ranks.items():
-            if record.dumped:
-                self.position[rank] = {self.key(c): i for i, c in enumerate(record.calls) if not c.p2p}
-        self._cache: dict[tuple, bool | None] = {}
+        super().__init__([self.key(c) for c in record.calls if not c.p2p]
+                         for record in incident.ranks.values() if record.dumped)
 
     def key(self, call: Call) -> tuple:
         return (self.incident.role(call.group), call.seq)
-
-    def precedes(self, first: tuple, then: tuple) -> bool | None:
-        cached = self._cache.get((first, then), ...)
-        if cached is not ...:
-            return cached
-        votes: Counter = Counter()
-        for positions in self.position.values():
-            a, b = positions.get(first), positions.get(then)
-            if a is not None and b is not None:
-                votes[a < b] += 1
-        answer = None if votes[True] == votes[False] else votes[True] > votes[False]
-        self._cache[(first, then)] = answer
-        return answer

@@ -51,13 +51,13 @@ class Progress:
                 event = Batch((CallReturned(), event))
             self._send(event)
 
-    def call(self, kind: str, ranks: tuple[int, ...], group: str) -> None:
+    def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None) -> None:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
         # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
         # the members' call sequences of a group by it, to tell a skipped call from a late one).
         site = None if self.in_plan else user_site()
-        self.emit(CallBegun(kind, ranks, group, n, self.context or self.mesh_dims.get(group), site))
+        self.emit(CallBegun(kind, ranks, group, n, self.context or self.mesh_dims.get(group), site, sizes))
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
         self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
@@ -112,6 +112,20 @@ def user_site() -> str | None:
             return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def tensor_sizes(args: tuple[Any, ...]) -> str | None:
+    """The tensors a collective was given (its first argument: a tensor, or a list of them), as "float32[2, 4]":
+    members that pass other sizes to one collective are a hang, or wrong values, on gloo."""
+    first = args[0] if args else None
+    tensors = first if isinstance(first, (list, tuple)) else [first]
+    shown = []
+    for t in tensors[:4]:
+        shape, dtype = getattr(t, "shape", None), getattr(t, "dtype", None)
+        if shape is None or dtype is None:
+            return None
+        shown.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}")
+    return ",".join(shown) + (",..." if len(tensors) > 4 else "")
 
 
 _default: Progress | None = None  # the process's rank
@@ -236,7 +250,7 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
             group = args[index]
         ranks, group_name = describe(group)
         progress = current()
-        progress.call(name, ranks, group_name)
+        progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args))
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:

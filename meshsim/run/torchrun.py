@@ -43,13 +43,14 @@ def under_torchrun() -> bool:
 # --------------------------------------------------------------------------------------------- progress
 
 _STATE_FIELDS = ("step", "op", "out", "call", "calls_on", "groups_created", "created", "meshes", "done",
-                 "end", "end_step", "failed_in", "failure")
+                 "end", "end_step", "failed_in", "failure", "created_as")
 
 
 def state_to_json(state: RankState) -> str:
     data = {k: getattr(state, k) for k in _STATE_FIELDS}
     data["created"] = {k: list(v) for k, v in state.created.items()}
     data["call_log"] = [[g, s, step, kind] for (g, s), (step, kind) in state.call_log.items()]
+    data["issued"] = [list(entry) for entry in state.issued]
     return json.dumps(data, default=list)
 
 
@@ -60,10 +61,12 @@ def state_from_json(rank: int, text: str) -> RankState:
         setattr(state, key, data[key])
     for key in ("call", "failed_in"):
         if data[key]:
-            kind, ranks, group, seq, context, site = data[key]
-            setattr(state, key, CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None, site))
+            kind, ranks, group, seq, context, site, sizes = data[key]
+            setattr(state, key, CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None, site,
+                                          sizes))
     state.created = {k: tuple(v) for k, v in data["created"].items()}
     state.call_log = {(g, s): (step, kind) for g, s, step, kind in data["call_log"]}
+    state.issued = [(g, s) for g, s in data["issued"]]
     state.meshes = [tuple(m) for m in data["meshes"]]
     return state
 

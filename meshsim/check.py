@@ -44,7 +44,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
         record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
-        return judge(record, "plan", plan, meanwhile(), strict=strict)
+        return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
 
 
 def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,

@@ -456,13 +456,19 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launcher import LaunchError, main
+    from .launcher import main
 
     writable_dir(args.log_dir, "--log-dir")
-    try:
-        return main(args)
-    except LaunchError as exc:
-        raise UsageError(str(exc)) from None
+    if signal.getsignal(signal.SIGINT) is _terminate:
+        # A hung script is what a user interrupts: the first Ctrl-C ends the run with its diagnosis (exit 130),
+        # a second one at once.
+        signal.signal(signal.SIGINT, _interrupt_once)
+    return main(args)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGINT, _terminate)
+    raise KeyboardInterrupt
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -70,11 +70,17 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
             Path(log_dir, f"rank{rank}.log").write_text("")  # one file a rank, silent ones too
     echo = _echo(outputs, stream, log_dir)
     backend = "gloo" if simulate_gpus else "nccl"
+    flight = os.path.join(log_dir, "flight_recorder") if log_dir is not None else None
     with ProcessExecutor(topology, backend=backend, deadline=deadline, script=True, simulated_gpus=simulate_gpus,
-                         echo=echo) as executor:
+                         echo=echo, flight_recorder=flight) as executor:
         record = executor.execute(RunScript(target, module, list(args), deadline))
     echo.flush()
-    return judge(record, "script", script=target, topology=topology)
+    verdict = judge(record, "script", script=target, topology=topology)
+    if log_dir is not None and verdict.diagnosis is not None:
+        from .report import save_picture
+
+        save_picture(verdict, log_dir)
+    return verdict
 
 
 def _gpus() -> int:
@@ -119,4 +125,6 @@ def main(args: Any) -> int:
     result = launch(args.target, topology, args.args, deadline=args.deadline, module=args.module,
                     log_dir=args.log_dir, stream=sys.stdout)
     render_verdict(result, make_console(stderr=True), groups=args.groups)
+    if result.record.stopped == "interrupted":
+        return 130
     return 0 if result.passed else 1

@@ -26,8 +26,9 @@ from .wire import (
     dispatch,
 )
 
-STOPPED = ("finished", "deadline", "failure")  # every rank ended; time ran out; a rank died or failed, and after
-# a grace the others were stopped (as torchrun stops a job)
+# every rank ended; time ran out; a rank died or failed, and after a grace the others were stopped (as torchrun
+# stops a job); the user interrupted it (Ctrl-C on `meshsim launch`)
+STOPPED = ("finished", "deadline", "failure", "interrupted")
 Site = Any  # where a call was made: a plan's step index, or "file.py:LINE" in user code (None: unknown)
 
 

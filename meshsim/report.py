@@ -59,6 +59,8 @@ def render_verdict(verdict: Any, console: Console, title: str = "", show_plan: b
         _script_errors(verdict, console)
     if verdict.diagnosis is not None:
         render_diagnosis(verdict.diagnosis, console, stacks=stacks)
+        if verdict.topology is not None:
+            render_picture(verdict, console)
         if verdict.work == "script":
             _where_in_script(verdict, console)
     if verdict.work == "script" and (groups or not verdict.passed):
@@ -252,6 +254,77 @@ def group_map(record: Any, topology: Any) -> tuple[list[tuple], list[str]]:
     return rows, notes
 
 
+# --------------------------------------------------------------------------------------------- the hang, drawn
+
+PICTURE_STYLE = {"culprit": "bold white on red", "waiting": "black on yellow", "finished": "black on green",
+                 "dead": "bold white on magenta", "raised": "white on dark_red", "running": "black on cyan"}
+MAX_DRAWN = 16  # hosts, and ranks a host, drawn before the picture says "..."
+
+
+def rank_states(verdict: Any) -> dict[int, str]:
+    """What the picture shows of each rank: culprit, waiting, finished, dead, raised, or running (outside any
+    call at the end)."""
+    from .judge.blame import blocked_call
+    from .wire import DIED, FINISHED, RAISED
+
+    culprits = set(verdict.culprits)
+    out = {}
+    for s in verdict.record.states:
+        if s.rank in culprits:
+            out[s.rank] = "culprit"
+        elif s.end == DIED:
+            out[s.rank] = "dead"
+        elif blocked_call(s) is not None:
+            out[s.rank] = "waiting"
+        elif s.end == RAISED:
+            out[s.rank] = "raised"
+        elif s.end == FINISHED:
+            out[s.rank] = "finished"
+        else:
+            out[s.rank] = "running"
+    return out
+
+
+def render_picture(verdict: Any, console: Console) -> None:
+    """The ranks as a grid, a row a host, each coloured by its state; the group the headline wait is on (where a
+    culprit is missing) is outlined with brackets."""
+    from .judge.diagnose import headline_wait
+
+    topology, diagnosis = verdict.topology, verdict.diagnosis
+    states = rank_states(verdict)
+    wait = headline_wait(diagnosis.waits, diagnosis.culprits)
+    outlined = set(wait.group_ranks) if wait is not None else set()
+    width = len(str(topology.world - 1))
+    console.print(Text.assemble(("The hang, a row a host", "bold"), "  (",
+                                *[part for state in PICTURE_STYLE for part in ((f" {state} ", PICTURE_STYLE[state]),
+                                                                                 " ")],
+                                "; [ ] the group the others wait on)"))
+    for host in range(min(topology.hosts, MAX_DRAWN)):
+        line = Text(f"  host {host:>{len(str(topology.hosts - 1))}} ")
+        for local in range(min(topology.devices_per_host, MAX_DRAWN)):
+            rank = host * topology.devices_per_host + local
+            edge = ("[", "]") if rank in outlined else (" ", " ")
+            line.append(edge[0])
+            line.append(f" {rank:>{width}} ", PICTURE_STYLE[states[rank]])
+            line.append(edge[1])
+        if topology.devices_per_host > MAX_DRAWN:
+            line.append(f" ... {topology.devices_per_host - MAX_DRAWN} more")
+        console.print(line)
+    if topology.hosts > MAX_DRAWN:
+        console.print(f"  ... {topology.hosts - MAX_DRAWN} more hosts", style="dim")
+
+
+def save_picture(verdict: Any, directory: str) -> list[str]:
+    """The hang's picture and diagnosis as hang.svg and hang.html in `directory` (for a browser, a ticket)."""
+    console = Console(record=True, width=LOG_WIDTH, file=open(os.devnull, "w"))
+    render_picture(verdict, console)
+    render_diagnosis(verdict.diagnosis, console, stacks=False)
+    paths = [os.path.join(directory, "hang.svg"), os.path.join(directory, "hang.html")]
+    console.save_svg(paths[0], title="meshsim: the hang", clear=False)
+    console.save_html(paths[1])
+    return paths
+
+
 def render_groups(verdict: Any, console: Console) -> None:
     rows, notes = group_map(verdict.record, verdict.topology)
     table = Table(title="Process groups the script created", title_justify="left")
@@ -308,6 +381,11 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
     if diagnosis.elsewhere:
         for rank, where in sorted(diagnosis.elsewhere.items()):
             console.print(f"  rank {rank}: {where}", style="dim", markup=False, highlight=False)
+    paired = {r: text for r, text in diagnosis.victims.items() if "mismatched collective" in text}
+    for rank, text in sorted(paired.items())[:MAX_ROWS]:
+        console.print(f"  rank {rank}, not to blame: {text}", markup=False, highlight=False, soft_wrap=True)
+    if len(paired) > MAX_ROWS:
+        console.print(f"  ... {len(paired) - MAX_ROWS} more ranks completed mismatched collectives", style="dim")
     if stacks:
         for ranks, text in diagnosis.stacks:
             console.print(f"  Python stack of ranks {ranks_text(ranks)}:", style="bold")

@@ -101,10 +101,11 @@ def test_the_ranks_and_the_model_do_not_import_each_other():
 class _RecordingExecutor:
     """An executor that runs nothing: enough to see check() reach the verdict without ranks."""
 
+    from meshsim import Topology
     from meshsim.spec.platform import CPU as platform
     from meshsim.spec.tiers import TIERS
 
-    tier, capabilities, world = "model", TIERS["model"], 2
+    tier, capabilities, world, topology = "model", TIERS["model"], 2, Topology(1, 2)
 
     def execute(self, work, meanwhile=None):
         from meshsim.record import RankState, RunRecord

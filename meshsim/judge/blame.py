@@ -201,7 +201,9 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
                              for c in causes.values())
         if not skipped_before:
             for cause in _disagreement(states, call, divergent):
-                causes.setdefault(cause.rank, cause)
+                # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
+                if cause.kind == KINDS["skipped"] or cause.rank not in causes:
+                    causes[cause.rank] = cause
     if not causes and upstream:
         causes.update(_cycle(order, held, upstream, divergent))
     if not causes:
@@ -350,18 +352,19 @@ def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list
             continue
         verb = "raised in" if states[rank].end == RAISED else "waits in"
         out[rank] = f"{verb} {call.kind} #{call.seq} on group {list(call.ranks)}"
+    pairings: dict[int, list[str]] = {}
     for culprit in culprits:
-        for (group, seq), (site, kind) in states[culprit].call_log.items():
-            if _in(states[culprit], group, seq):
-                continue  # not completed: nobody was paired with it
+        for (group, seq), (site, kind) in sorted(states[culprit].call_log.items()):
             for m in _members(states, group):
                 theirs = states[m].call_log.get((group, seq))
                 if m in culprits or theirs is None or theirs == (site, kind) or _in(states[m], group, seq):
                     continue
-                note = (f"completed {theirs[1]} #{seq} at {_site(theirs[0])} paired with rank {culprit}'s "
-                        f"{kind} at {_site(site)}: a mismatched collective, because rank {culprit} skipped or "
-                        "added a call")
-                out[m] = out.get(m, "finished") + "; earlier it " + note
+                pairings.setdefault(m, []).append(
+                    f"{theirs[1]} #{seq} at {_site(theirs[0])} paired with rank {culprit}'s {kind} at {_site(site)}")
+    for m, pairs in pairings.items():
+        more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
+        out[m] = (out.get(m, "finished") + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
+                  "because its partner skipped or added a call")
     return out
 
 

@@ -347,7 +347,9 @@ def _group_keys(descs: dict[str, str], configured: dict[str, list[tuple[int, ...
     return key_of
 
 
-LIBRARY = re.compile(r"/torch/|/typing_extensions\.py$|/lib/python3\.\d+/(?!.*-packages/)")
+# torch, its shims, the standard library, and meshsim's instrumentation of the ranks (a dump of a meshsim hang
+# passes through its progress hooks)
+LIBRARY = re.compile(r"/torch/|/typing_extensions\.py$|/lib/python3\.\d+/(?!.*-packages/)|/meshsim/run/")
 
 
 def _site(frames: Any) -> str | None:

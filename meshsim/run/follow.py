@@ -67,6 +67,20 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
     five times a second while the run goes on (live output).
     """
     first_death: float | None = None
+    try:
+        first_death = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, echo)
+    except KeyboardInterrupt:  # Ctrl-C where the caller lets it through (launch): the run so far is the record
+        return {rank for h in hosted for rank in h.pending}, "interrupted"
+    if echo is not None:
+        echo()
+    pending = {rank for h in hosted for rank in h.pending}
+    return pending, "finished" if not pending else "failure" if first_death is not None else "deadline"
+
+
+def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, from_last_message: bool,
+          stop_on_failure: bool, echo: Callable[[], None] | None) -> float | None:
+    """follow()'s loop; returns when the first rank died or failed (None: none did)."""
+    first_death: float | None = None
     with selectors.DefaultSelector() as selector:
         for host in hosted:
             selector.register(host.worker.conn, selectors.EVENT_READ, (host, False))
@@ -92,10 +106,7 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
                 if not host.pending:
                     selector.unregister(host.worker.conn)
                     selector.unregister(host.worker.process.sentinel)
-    if echo is not None:
-        echo()
-    pending = {rank for h in hosted for rank in h.pending}
-    return pending, "finished" if not pending else "failure" if first_death is not None else "deadline"
+    return first_death
 
 
 def _drain(host: Hosted, states: list[RankState]) -> tuple[bool, bool, bool]:

@@ -55,7 +55,8 @@ class ProcessExecutor:
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
                  start_timeout: float = deadlines.START_S, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
-                 echo: Callable[[int, str], None] | None = None, coverage_dir: str | None = None):
+                 echo: Callable[[int, str], None] | None = None, coverage_dir: str | None = None,
+                 flight_recorder: str | None = None):
         if topology.world > self.capabilities.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the process tier runs at most "
                                f"{self.capabilities.max_world} (larger worlds: --tier thread up to "
@@ -71,6 +72,7 @@ class ProcessExecutor:
         self.script = script
         self.simulated_gpus = simulated_gpus
         self.echo = echo
+        self.flight_recorder = flight_recorder  # where a hung run's Flight Recorder dumps go (meshsim.run.flight)
         self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying
         self.pool = WorkerPool(self._specs, worker_main, self.start_timeout, after_start=self._after_start)
 
@@ -115,7 +117,8 @@ class ProcessExecutor:
                        self.backend, os.path.join(tmp, f"stacks-{number}-{rank}"),
                        os.path.join(tmp, f"output-{number}-{rank}"), self.start_timeout, self.script,
                        self.simulated_gpus,
-                       os.path.join(self.coverage_dir, "rank") if self.coverage_dir else None)
+                       os.path.join(self.coverage_dir, "rank") if self.coverage_dir else None,
+                       self.flight_recorder)
             for rank in range(self.world)
         ]
 
@@ -154,10 +157,25 @@ class ProcessExecutor:
         record = self._follow(generation, started, work.deadline)
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
-            self.pool.refresh()
+            if self.flight_recorder is not None:
+                self._dump_flight_records(generation, record)
+            if record.stopped == "interrupted":
+                self.pool.restart()  # the user wants out: no fresh ranks
+                record.notes.append("interrupted (Ctrl-C): the diagnosis is of the run as it stood")
+            else:
+                self.pool.refresh()
         else:
             self._after_run(generation, record)
         return record
+
+    def _dump_flight_records(self, generation: Generation, record: RunRecord) -> None:
+        from . import flight
+
+        assert self.flight_recorder is not None
+        live = {w.rank: w.pid for w in generation.workers if w.alive and w.pid}
+        came = flight.collect(self.flight_recorder, live)
+        record.notes.append(f"Flight Recorder dumps of ranks {came} in {self.flight_recorder} (torch's format: "
+                            f"`meshsim replay {self.flight_recorder}` or torch's analyzer read them)")
 
     def _run(self, generation: Generation, work: Work) -> RunRecord:
         generation.send(work)

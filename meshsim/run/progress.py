@@ -245,17 +245,24 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        if getattr(_local, "inside", False):
+            # torch re-enters the public collective through a TorchFunctionMode (handle_torch_function calls the
+            # mode, which calls the public API again): one call, counted once
+            return original(*args, **kwargs)
         group = kwargs.get("group")
         if group is None and index is not None and len(args) > index:
             group = args[index]
         ranks, group_name = describe(group)
         progress = current()
         progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args))
+        _local.inside = True
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
             progress.failed(exc)
             raise
+        finally:
+            _local.inside = False
         progress.returned()
         return result
 

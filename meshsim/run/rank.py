@@ -59,6 +59,7 @@ class WorkerSpec:
     script: bool = False  # a bare rank for `meshsim launch`: the user's script makes its own process group
     simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
     coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.torch_coverage)
+    flight_recorder: str | None = None  # record collectives, and dump them here on a hang (meshsim.run.flight)
 
 
 def _die_with_parent() -> None:
@@ -112,6 +113,10 @@ def _watch_lifeline(lifeline: Any) -> None:
 
 
 def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
+    if spec.flight_recorder:
+        from . import flight
+
+        flight.block_dump_signal()  # before any thread starts
     _die_with_parent()
     _watch_lifeline(lifeline)
     _name_process(f"meshsim-r{spec.rank}")
@@ -127,6 +132,8 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     _capture_output(spec.output_file)
     stacks = open(spec.stack_file, "w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+    if spec.flight_recorder:
+        flight.arm(spec.flight_recorder, spec.rank)
     if spec.script:
         serve_script(spec, conn)
         return

@@ -68,3 +68,11 @@ def test_a_scenario_that_ends_otherwise_names_the_step_whose_name_is_misspelt(tm
     assert cli.main(["run", str(path), "--tier", "model"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "step 1 (all_reduce) raises" in out and "tpp" in out and "misspelt" in out
+
+
+def test_replay_rebuilds_a_hang_from_its_dumps_runs_it_and_exits_1_as_run_does_when_it_reproduces(tmp_path, capsys):
+    dumps = os.path.join(ROOT, "tests", "data", "flight_recorder", "skip_on_mesh_dim", "dumps")
+    assert cli.main(["replay", dumps, "--deadline", "3", "--scenario-out", str(tmp_path / "s.toml")]) == 1
+    out = capsys.readouterr().out
+    assert "culprit ranks 5" in out and "replayed: hang — as the dumps say" in out
+    assert cli.main(["run", str(tmp_path / "s.toml"), "--tier", "model"]) == 0  # anyone can re-run the file

@@ -1,8 +1,9 @@
 """`meshsim replay DUMP_DIR`: a hang from Flight Recorder dumps, diagnosed, written as a scenario, replayed.
 
 The lead wires it into meshsim's command line with `add_arguments(subparser)` and `main(args)`.
-Exit codes: 0 the replay ended as the diagnosis from the dumps says (or was not run), 1 it did not,
-2 dumps that cannot be replayed (one line naming the file) or bad options.
+Exit codes, as `meshsim run`: 1 when the hang reproduces (not replayed: when the dumps show one), 0 when the
+replayed sequence completes (the dumps did not hold the cause, and the report says so), 2 dumps that cannot be
+replayed (one line naming the file) or bad options.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from .. import deadlines
 from .dumps import ReplayError
 
-TIERS = ("process", "thread", "fake", "model", "none")
+TIERS = ("auto", "process", "thread", "fake", "model", "none")
 DEFAULT_DEADLINE = 10.0  # the replay's own hang is over in this long: it waits for nothing but the deadline
 
 
@@ -31,10 +32,10 @@ def _deadline(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dump_dir", metavar="DUMP_DIR",
                         help="a directory of Flight Recorder dumps, one file a rank (TORCH_FR_DUMP_TEMP_FILE + rank)")
-    parser.add_argument("--tier", default="process", choices=TIERS,
-                        help="where the replay runs: process (default, up to 64 ranks), thread (to 1,024), model "
-                             "(the reference model alone), fake (groups only: it cannot see hangs), or none (write "
-                             "the scenario, run nothing)")
+    parser.add_argument("--tier", default="auto", choices=TIERS,
+                        help="where the replay runs: auto (default: the process tier up to its 64 ranks, the thread "
+                             "tier above), process, thread (to 1,024), model (the reference model alone), fake "
+                             "(groups only: it cannot see hangs), or none (write the scenario, run nothing)")
     parser.add_argument("--deadline", type=_deadline, default=DEFAULT_DEADLINE,
                         help=f"seconds the replay may take before it is called a hang (default {DEFAULT_DEADLINE:g})")
     parser.add_argument("--scenario-out", dest="scenario_out", metavar="FILE", default=None,
@@ -68,8 +69,13 @@ def main(args: argparse.Namespace) -> int:
     analysed = time.monotonic() - began
     torch_answer = run_torch(dumpset, incident)
     run, why_not = None, None
-    if args.tier != "none":
-        run, why_not = _run(scenario, args.tier)
+    tier = args.tier
+    if tier == "auto":
+        from ..spec.tiers import TIERS as CAPABILITIES
+
+        tier = "process" if incident.world <= CAPABILITIES["process"].max_world else "thread"
+    if tier != "none":
+        run, why_not = _run(scenario, tier)
         if why_not is not None and run is None and why_not.startswith("!"):
             print(f"meshsim replay: {why_not[1:]}", file=sys.stderr)
             return 2
@@ -80,7 +86,15 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         _print(report)
-    return 0 if run is None or run.matched else 1
+    return _exit_code(analysis, run)
+
+
+def _exit_code(analysis: Any, run: Any) -> int:
+    """As `meshsim run`: 1 when the hang reproduces (or, not replayed, when the dumps show one), 0 when the replayed
+    sequence completes (the dumps did not hold the cause: the report says so)."""
+    if run is None:
+        return 1 if analysis.culprits else 0
+    return 1 if run.result.outcome in ("hang", "crash", "error") else 0
 
 
 def _run(scenario: Any, tier: str) -> tuple[Any, str | None]:
@@ -177,5 +191,8 @@ def _print(report: dict) -> None:
     else:
         verdict = "as the dumps say" if replay["matched"] else "NOT as the dumps say: " + "; ".join(replay["problems"])
         print(f"  replayed: {replay['outcome']} — {verdict}")
+        if replay["outcome"] == "pass":
+            print("  the replayed sequence completes: the dumps do not hold the cause of the hang (it lies in what they "
+                  "do not record: point-to-point calls, a rank's own work, sizes gloo takes differently)")
         if replay.get("diagnosis"):
             print(f"  meshsim's diagnosis of the replay: {replay['diagnosis'].get('summary', '')}")

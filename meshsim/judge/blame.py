@@ -197,8 +197,8 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
             else:
                 upstream.setdefault(rank, set()).add(m)
     for call in sorted(held.values()):
-        skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq <= call.seq
-                             for c in causes.values())
+        skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq is not None
+                             and c.seq <= call.seq for c in causes.values())
         if not skipped_before:
             for cause in _disagreement(states, call, divergent):
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)

@@ -32,7 +32,7 @@ class Wait:
     group_coordinate: list[Any] | None
     missing: list[int]
     seq: int = 0  # the call's position on its group
-    site: str | None = None  # where in the user's code
+    site: str | int | None = None  # where in the user's code (a plan's step)
     raised: bool = False  # the call raised on this rank (a peer left) rather than waiting on
 
     def to_json(self) -> dict[str, Any]:

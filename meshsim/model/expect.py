@@ -21,7 +21,7 @@ class Err:
         kind, message = observed["error"]
         return (self.type is None or kind == self.type) and self.match.lower() in message.lower()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"error": [self.type or "any exception", self.match]}
 
 

@@ -49,8 +49,9 @@ def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, req
         if (weight > 0) == (role in DRAWN_ELSEWHERE):
             raise TypeError(f"operation {name!r}: a {role} op needs "
                             + ("no weight (it is drawn elsewhere)" if role in DRAWN_ELSEWHERE else "a weight > 0"))
+        parts = {part: getattr(cls, part) for part in PARTS}
         op = Operation(name, (cls.__doc__ or "").strip(), role, dict(fields or {}), required, produces,
-                       creates_groups, cls.model, cls.torch, cls.draw,
+                       creates_groups, parts["model"], parts["torch"], parts["draw"],
                        getattr(cls, "check_args", lambda args: None), weight)
         OPERATIONS[name] = op
         return op

@@ -117,13 +117,15 @@ def _absent(incident: Incident, call: Call) -> tuple[list[int], list[int]]:
 def _completed_mismatches(incident: Incident, causes: dict[int, Cause]) -> tuple[list[str], dict[int, str]]:
     """Collectives every member finished although their calls differ (different op, sizes, dtypes, or made
     from different lines): the partners of a rank that skipped complete the wrong call with it."""
-    texts, partners = [], {}
+    texts: list[str] = []
+    partners: dict[int, str] = {}
     for key, g in incident.groups.items():
         members = [m for m in g.ranks if incident.ranks[m].dumped]
         depth = max((incident.ranks[m].issued(key) or 0 for m in members), default=0)
         for seq in range(1, depth + 1):
-            calls = {m: incident.ranks[m].at(key, seq) for m in members}
-            if any(c is None or not c.finished for c in calls.values()) or len(calls) < 2:
+            found = {m: incident.ranks[m].at(key, seq) for m in members}
+            calls = {m: c for m, c in found.items() if c is not None and c.finished}
+            if len(calls) < len(found) or len(calls) < 2:
                 continue
             shapes = {(c.signature(), c.site) for c in calls.values()}
             if len(shapes) < 2:

@@ -192,7 +192,7 @@ def _print(report: dict) -> None:
         verdict = "as the dumps say" if replay["matched"] else "NOT as the dumps say: " + "; ".join(replay["problems"])
         print(f"  replayed: {replay['outcome']} — {verdict}")
         if replay["outcome"] == "pass":
-            print("  the replayed sequence completes: the dumps do not hold the cause of the hang (it lies in what they "
-                  "do not record: point-to-point calls, a rank's own work, sizes gloo takes differently)")
+            print("  the replayed sequence completes: the dumps do not hold the cause of the hang (it lies in what "
+                  "they do not record: point-to-point calls, a rank's own work, sizes gloo takes differently)")
         if replay.get("diagnosis"):
             print(f"  meshsim's diagnosis of the replay: {replay['diagnosis'].get('summary', '')}")

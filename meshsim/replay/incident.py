@@ -446,6 +446,13 @@ def _mesh_dim(desc: str) -> str | None:
     return None
 
 
+def _dim_of(group: Group) -> str:
+    """The mesh dim of one of DeviceMesh's groups (only those are asked)."""
+    dim = _mesh_dim(group.desc)
+    assert dim is not None
+    return dim
+
+
 def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> list[Mesh]:
     """DeviceMesh's groups (description mesh_<dim>) as meshes over the world, where exactly one layout fits.
 
@@ -460,7 +467,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
     numbered = all(g.name.isdigit() for g in mesh_groups)
     blocks: list[tuple[str, list[Group]]] = []  # runs of one dim, in creation order where names tell it
     for g in sorted(mesh_groups, key=lambda g: _name_order(g.name)):
-        dim = _mesh_dim(g.desc)
+        dim = _dim_of(g)
         if blocks and blocks[-1][0] == dim:
             blocks[-1][1].append(g)
         else:
@@ -469,7 +476,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
         # hashed names (split_group) give no order: one mesh, its dims in whichever order fits
         by_dim: dict[str, list[Group]] = {}
         for g in mesh_groups:
-            by_dim.setdefault(_mesh_dim(g.desc), []).append(g)
+            by_dim.setdefault(_dim_of(g), []).append(g)
         splits = [[list(p)] for p in itertools.permutations(by_dim.items())] if len(by_dim) <= 5 else []
     else:
         splits = list(_splits(blocks))
@@ -481,7 +488,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
         fits = [fit for split in unseen for fit in _fits(split, world, numbered)]
     memberships = {_memberships(fit) for fit in fits}
     if len(memberships) != 1:
-        dims = sorted({_mesh_dim(g.desc) for g in mesh_groups})
+        dims = sorted({_dim_of(g) for g in mesh_groups})
         why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} layouts fit them"
         notes.append(f"DeviceMesh groups of dims {dims} are kept as plain groups: {why}")
         return []
@@ -490,7 +497,8 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
         if UNSEEN in names:
             notes.append(f"mesh {tuple(shape)} has a dim no rank made a collective on; its name is unknown, so it "
                          f"is called {UNSEEN!r} here (its groups took the names between the others')")
-    meshes, chosen = [], []
+    meshes: list[Mesh] = []
+    chosen: list[Any] = []
     for shape, names, assignment in fits[0]:
         index = len(meshes)
         named = not all(re.fullmatch(r"dim_\d+", n) for n in names if n != UNSEEN)
@@ -603,7 +611,7 @@ def _assign(shape: tuple[int, ...], blocks: list, numbered: bool) -> dict | None
     return assignment
 
 
-def _names_in_sequence(combo: list) -> bool:
+def _names_in_sequence(combo: Any) -> bool:
     """Sequential names: each dim's groups start right after the previous dim's, within a mesh and across."""
     previous_end = None
     for _, _, assignment in combo:

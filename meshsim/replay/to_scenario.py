@@ -38,25 +38,25 @@ STALL_S = 3600.0  # a stalled rank sleeps this long (or ten deadlines), far past
 
 # Flight Recorder op (without its backend) -> (plan op, which numel the plan takes, what is replaced)
 OPS: dict[str, tuple[str, str | None, str | None]] = {}
-for _name in ("all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "_allreduce_base"):
-    OPS[_name] = ("all_reduce", "in", None)
-for _name in ("reduce", "_reduce_oop"):
-    OPS[_name] = ("all_reduce", "in", "reduce (to one rank) is replayed as all_reduce: the same ranks block")
-for _name in ("barrier", "all_reduce_barrier"):
-    OPS[_name] = ("barrier", None, None)
-for _name in ("broadcast", "_broadcast_oop"):
-    OPS[_name] = ("broadcast", None, "broadcast's root is not recorded: replayed from group rank 0")
-for _name in ("all_gather", "allgather", "_all_gather_base", "_allgather_base", "all_gather_into_tensor",
+for _op in ("all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "_allreduce_base"):
+    OPS[_op] = ("all_reduce", "in", None)
+for _op in ("reduce", "_reduce_oop"):
+    OPS[_op] = ("all_reduce", "in", "reduce (to one rank) is replayed as all_reduce: the same ranks block")
+for _op in ("barrier", "all_reduce_barrier"):
+    OPS[_op] = ("barrier", None, None)
+for _op in ("broadcast", "_broadcast_oop"):
+    OPS[_op] = ("broadcast", None, "broadcast's root is not recorded: replayed from group rank 0")
+for _op in ("all_gather", "allgather", "_all_gather_base", "_allgather_base", "all_gather_into_tensor",
               "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", "ALLGATHER_coalesced",
               "all_gather_single", "allgather_coalesced", "all_gather_v"):
-    OPS[_name] = ("all_gather", None, "all_gather is replayed with one element a rank (a plan's has no size)")
-for _name in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+    OPS[_op] = ("all_gather", None, "all_gather is replayed with one element a rank (a plan's has no size)")
+for _op in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
               "REDUCE_SCATTER_coalesced", "reduce_scatter_single", "reduce_scatter_v", "reducescatter"):
-    OPS[_name] = ("reduce_scatter", "out", None)
+    OPS[_op] = ("reduce_scatter", "out", None)
 OPS["scatter"] = ("scatter", "out", "scatter's root is not recorded: replayed from group rank 0")
 OPS["gather"] = ("all_gather", None, "gather (to one rank) is replayed as all_gather: the same ranks block")
-for _name in ("all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall_base", "alltoall"):
-    OPS[_name] = ("all_gather", None, "all_to_all is replayed as all_gather: every rank exchanges with every other")
+for _op in ("all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall_base", "alltoall"):
+    OPS[_op] = ("all_gather", None, "all_to_all is replayed as all_gather: every rank exchanges with every other")
 
 
 @dataclass
@@ -116,7 +116,7 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
     lead = analysis.headline
     if lead is not None and not crashed and lead.group is not None:
         g = incident.groups[lead.group]
-        if g.dim is not None and g.dim != UNSEEN:
+        if g.dim is not None and g.dim != UNSEEN and g.mesh is not None:
             mesh = incident.meshes[g.mesh]
             expect["mesh_dim"] = g.dim if mesh.named else list(mesh.names).index(g.dim)
     if sizes.scaled:

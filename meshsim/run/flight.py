@@ -36,7 +36,7 @@ def arm(directory: str, rank: int) -> None:
         try:
             import torch
 
-            blob = torch._C._distributed_c10d._dump_fr_trace()
+            blob = torch._C._distributed_c10d._dump_fr_trace()  # type: ignore[attr-defined]
         except Exception as exc:  # no process group yet, or a torch without the recorder: say so on the rank
             print(f"meshsim: no Flight Recorder dump from rank {rank}: {type(exc).__name__}: {exc}", flush=True)
             return

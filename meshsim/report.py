@@ -3,6 +3,7 @@ terminals, logs and assertion messages."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,10 +22,14 @@ MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
 
 
-def make_console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr)
+def make_console(stderr: bool = False, file: Any = None, record: bool = False, width: int | None = None) -> Console:
+    """The one way meshsim makes a console: a terminal's own width, LOG_WIDTH where output goes to a log or a pipe,
+    plain text (no colour codes) into a file such as an assertion message's buffer, or recorded for SVG/HTML."""
+    if file is not None:
+        return Console(file=file, width=width or LOG_WIDTH, color_system=None, force_terminal=False, record=record)
+    console = Console(stderr=stderr, record=record)
     if not console.is_terminal:
-        console = Console(stderr=stderr, width=LOG_WIDTH)
+        console = Console(stderr=stderr, width=width or LOG_WIDTH, record=record)
     return console
 
 
@@ -73,10 +78,8 @@ render_result = render_verdict  # the name 0.2 had
 
 
 def verdict_text(verdict: Any, width: int = 160) -> str:
-    import io
-
     buffer = io.StringIO()
-    render_verdict(verdict, Console(file=buffer, width=width, color_system=None, force_terminal=False),
+    render_verdict(verdict, make_console(file=buffer, width=width),
                    groups=True)
     return buffer.getvalue()
 
@@ -316,7 +319,7 @@ def render_picture(verdict: Any, console: Console) -> None:
 
 def save_picture(verdict: Any, directory: str) -> list[str]:
     """The hang's picture and diagnosis as hang.svg and hang.html in `directory` (for a browser, a ticket)."""
-    console = Console(record=True, width=LOG_WIDTH, file=open(os.devnull, "w"))
+    console = make_console(file=io.StringIO(), record=True)
     render_picture(verdict, console)
     render_diagnosis(verdict.diagnosis, console, stacks=False)
     paths = [os.path.join(directory, "hang.svg"), os.path.join(directory, "hang.html")]

@@ -305,7 +305,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .report import render_diagnosis, render_result
+    from .report import progress_bar, render_diagnosis, render_result
     from .scenario import judge_scenario, load
 
     scenarios = [load(path, deadline=args.deadline) for path in args.files]  # all valid before any runs
@@ -314,17 +314,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     clusters: dict[Any, Any] = {}
     last_use = {sc.topology: index for index, sc in enumerate(scenarios)}
     try:
-        for index, sc in enumerate(scenarios):
-            cluster = clusters.get(sc.topology)
-            if cluster is None:
-                cluster = clusters[sc.topology] = _open(sc.topology, args, sc.deadline).start()
-            result = cluster.run(sc.plan, deadline=sc.deadline)
-            if last_use[sc.topology] == index:  # no file left needs these workers
-                clusters.pop(sc.topology).close()
-            run = judge_scenario(sc, result)
-            runs.append(run)
-            if not args.json:
-                _print_scenario(out, run, render_result, render_diagnosis, not args.no_stacks)
+        with progress_bar("scenarios", len(scenarios), disable=args.json or len(scenarios) < 2) as step:
+            for index, sc in enumerate(scenarios):
+                cluster = clusters.get(sc.topology)
+                if cluster is None:
+                    cluster = clusters[sc.topology] = _open(sc.topology, args, sc.deadline).start()
+                result = cluster.run(sc.plan, deadline=sc.deadline)
+                if last_use[sc.topology] == index:  # no file left needs these workers
+                    clusters.pop(sc.topology).close()
+                run = judge_scenario(sc, result)
+                runs.append(run)
+                step(sc.name)
+                if not args.json:
+                    _print_scenario(out, run, render_result, render_diagnosis, not args.no_stacks)
     finally:
         for cluster in clusters.values():
             cluster.close()

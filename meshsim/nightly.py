@@ -158,8 +158,12 @@ def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: 
     with Cluster(topology, backend=backend, deadline=deadline, setup=setup) as cluster:
         report = NightlyReport(str(topology), cluster.backend, seed)
         report.items.extend([missing] if missing else [])
-        for scenario in scenarios:
-            report.items.append(scenario_item(scenario, cluster.run(scenario.plan, deadline=scenario.deadline)))
+        from .report import progress_bar
+
+        with progress_bar("nightly scenarios", len(scenarios), disable=not scenarios) as step:
+            for scenario in scenarios:
+                report.items.append(scenario_item(scenario, cluster.run(scenario.plan, deadline=scenario.deadline)))
+                step(scenario.name)
         if examples:
             result = fuzz(cluster, examples, seed=seed, deadline=deadline, save_dir=save_dir)
             report.items.append(fuzz_item(result, seed))

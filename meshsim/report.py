@@ -3,10 +3,12 @@ terminals, logs and assertion messages."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -31,6 +33,19 @@ def make_console(stderr: bool = False, file: Any = None, record: bool = False, w
     if not console.is_terminal:
         console = Console(stderr=stderr, width=width or LOG_WIDTH, record=record)
     return console
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Callable[[str], None]]:
+    """A bar on stderr for a run of several parts (scenarios, the nightly suite, the recipe's examples): it
+    shows where the run is and what it works on, and is gone when the run ends. Yields step(what): one part done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=make_console(stderr=True), transient=True, disable=disable) as bar:
+        task = bar.add_task(label, total=total, what="")
+        yield lambda what: bar.update(task, advance=1, what=what)
 
 
 OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}

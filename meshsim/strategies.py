@@ -130,7 +130,8 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
 def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """Several _flattens of different dims of one mesh, then each flattened name looked up from the root,
     from a submesh and from the flattened meshes."""
-    if not well_named(mesh) or mesh.ndim < 2:
+    names = mesh.names
+    if names is None or not well_named(mesh) or mesh.ndim < 2:
         return
     made = []
     for _ in range(draw(st.integers(2, 3))):
@@ -138,7 +139,7 @@ def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_
         src = handle
         if len(dims) < mesh.ndim:
             src = b.fresh("s")
-            b.add(step("slice", src=handle, names=[mesh.names[d] for d in dims], out=src))
+            b.add(step("slice", src=handle, names=[names[d] for d in dims], out=src))
         flat, out = b.fresh("fn"), b.fresh("f")
         made.append((flat, out))
         b.add(step("flatten", src=src, name=flat, out=out))
@@ -158,13 +159,14 @@ def _flatten_family(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_
 @st.composite
 def _concatenate_both_ways(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """Slices of two disjoint dims, concatenated in both orders (one of them out of order)."""
-    if not well_named(mesh) or mesh.ndim < 2:
+    names = mesh.names
+    if names is None or not well_named(mesh) or mesh.ndim < 2:
         return
     first, second = sorted(draw(st.lists(st.integers(0, mesh.ndim - 1), min_size=2, max_size=2, unique=True)))
     parts = []
     for d in (first, second):
         parts.append(b.fresh("s"))
-        b.add(step("slice", src=handle, names=mesh.names[d], out=parts[-1]))
+        b.add(step("slice", src=handle, names=names[d], out=parts[-1]))
     for order in (parts, parts[::-1]):
         out = b.fresh("c")
         b.add(step("concatenate", srcs=list(order), out=out))

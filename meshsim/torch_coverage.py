@@ -25,7 +25,7 @@ MODULES = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.p
 def targets() -> list[str]:
     """The two files, where this Python's torch has them (without importing torch)."""
     spec = importlib.util.find_spec("torch")
-    base = os.path.dirname(list(spec.submodule_search_locations)[0]) if spec else ""
+    base = os.path.dirname(list(spec.submodule_search_locations or [""])[0]) if spec else ""
     return [os.path.join(base, module) for module in MODULES]
 
 

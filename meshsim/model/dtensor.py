@@ -26,6 +26,7 @@ from ..spec.placements import (
     MAX_DTENSOR_DIMS,
     MAX_DTENSOR_NUMEL,
     REDUCE_OPS,
+    Placement,
     contiguous_strides,
     parse_placement,
     placement_text,
@@ -43,7 +44,7 @@ NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 # --------------------------------------------------------------------------------------------- placements
 
 
-def is_shard(p: tuple, dim: int | None = None) -> bool:
+def is_shard(p: Placement, dim: int | None = None) -> bool:
     return p[0] == "S" and (dim is None or p[1] == dim)
 
 
@@ -65,6 +66,9 @@ class Block:
 
     def split3(self, dim: int) -> tuple[int, int, int]:
         return math.prod(self.shape[:dim]), self.shape[dim], math.prod(self.shape[dim + 1:])
+
+
+Blocks = dict[int, "Block"]  # rank -> its block
 
 
 def arange_block(shape: tuple[int, ...], base: float = 0.0) -> Block:
@@ -188,7 +192,7 @@ def contiguity(block: Block) -> Any:
 class Geometry:
     """Every member's coordinate and every dim group, in both orders, from a mesh's view (nested ranks)."""
 
-    def __init__(self, view: list, shape: tuple[int, ...]):
+    def __init__(self, view: list[Any], shape: tuple[int, ...]):
         self.shape = shape
         self.flat = flat = flatten_layout(view)
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
@@ -220,11 +224,11 @@ def group_rank_order(geo: Geometry, rank: int, dim: int) -> list[int]:
 # --------------------------------------------------------------------------------------------- the engine
 
 
-def normalize(placements: list[tuple], ndim: int) -> list[tuple]:
+def normalize(placements: list[Placement], ndim: int) -> list[Placement]:
     return [("S", p[1] + ndim) if p[0] == "S" and p[1] < 0 else p for p in placements]
 
 
-def check_placements(placements: list[tuple], mesh_ndim: int, tensor_ndim: int) -> None:
+def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: int) -> None:
     """What distribute_tensor / from_local / redistribute refuse before any communication."""
     if len(placements) != mesh_ndim:
         raise ModelRaise(Err("ValueError", "`placements` must have the same length as `device_mesh.ndim`"))
@@ -236,7 +240,7 @@ def check_placements(placements: list[tuple], mesh_ndim: int, tensor_ndim: int) 
             raise ModelRaise(Err(None, ""))
 
 
-def logical_shapes(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...],
+def logical_shapes(shape: tuple[int, ...], placements: list[Placement], coordinate: tuple[int, ...],
                    mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """The tensor's shape as each mesh dim sees it (before that dim's sharding), at this coordinate."""
     out = [tuple(shape)]
@@ -248,7 +252,7 @@ def logical_shapes(shape: tuple[int, ...], placements: list[tuple], coordinate: 
     return out
 
 
-def local_shape_and_offset(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...] | None,
+def local_shape_and_offset(shape: tuple[int, ...], placements: list[Placement], coordinate: tuple[int, ...] | None,
                            mesh_shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
     """compute_local_shape_and_global_offset: nested chunking in mesh-dim order, by coordinate. An empty shard's
     offset is the global dim's size (torch's convention); a non-member has local shape [0] and no offset."""
@@ -273,7 +277,7 @@ def local_shape_and_offset(shape: tuple[int, ...], placements: list[tuple], coor
     return local, offset
 
 
-def distribute(geo: Geometry, tensor: Block, placements: list[tuple], order: Order) -> dict[int, Block]:
+def distribute(geo: Geometry, tensor: Block, placements: list[Placement], order: Order) -> dict[int, Block]:
     """distribute_tensor with src_data_rank 0: per mesh dim in order, scatter (Shard) or broadcast from the
     group's first member, unpadding by coordinate."""
     locals_ = {r: tensor for r in geo.flat}
@@ -295,8 +299,8 @@ def distribute(geo: Geometry, tensor: Block, placements: list[tuple], order: Ord
     return locals_
 
 
-def greedy_transforms(src: list[tuple], dst: list[tuple],
-                      mesh_shape: tuple[int, ...]) -> list[tuple[int, tuple, tuple]]:
+def greedy_transforms(src: list[Placement], dst: list[Placement],
+                      mesh_shape: tuple[int, ...]) -> list[tuple[int, Placement, Placement]]:
     """generate_greedy_transform_infos: (mesh dim, current, target) steps, nested shardings unwound first, but only
     when the source is split in more than one piece (torch's `src_spec.num_shards > 1`: a Shard on mesh dims of
     size 1 alone does not count, and then Partial -> Shard goes straight to a reduce_scatter)."""
@@ -321,8 +325,8 @@ def greedy_transforms(src: list[tuple], dst: list[tuple],
     return out
 
 
-def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[tuple],
-                 dst: list[tuple], order: Order) -> dict[int, Block]:
+def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[Placement],
+                 dst: list[Placement], order: Order) -> dict[int, Block]:
     """DTensor.redistribute's communication, every member at once."""
     for d, current, target in greedy_transforms(src, dst, geo.shape):
         k = geo.shape[d]
@@ -333,7 +337,7 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
     return locals_
 
 
-def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current: tuple, target: tuple,
+def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current: Placement, target: Placement,
                logical: tuple[int, ...], order: Order) -> Block:
     members = order(geo, r, d)
     k, coord = len(members), geo.coordinate[r][d]
@@ -403,13 +407,13 @@ class DTensorModel:
     (torch None: the model does not simulate torch here)."""
 
     mesh: Any  # MeshModel
-    geometry: Geometry
+    geometry: Geometry | None  # None on a rank outside the mesh
     shape: tuple[int, ...]
-    placements: list[tuple]
+    placements: list[Placement]
     right: dict[int, Block]
     torch: dict[int, Block] | None
 
-    def map_sides(self, fn: Callable[[dict[int, Block]], dict[int, Block]]) -> tuple[dict, dict | None]:
+    def map_sides(self, fn: Callable[[Blocks], Blocks]) -> tuple[Blocks, Blocks | None]:
         """fn of both sides' blocks; torch's stays the very same object as the right one where it was (so a later
         step knows it need not simulate torch apart), and None where it was not simulated."""
         right = fn(self.right)
@@ -428,7 +432,7 @@ class DTensorModel:
         local_shape, offset = local_shape_and_offset(self.shape, self.placements, coordinate, self.mesh.shape)
         texts = [placement_text(p) for p in self.placements]
 
-        def seen(state: dict) -> Any:
+        def seen(state: dict[int, Block]) -> Any:
             block = state.get(rank, empty_block())
             return local_observation(block.shape, tensor_values(block.values), offset, texts, self.shape)
 

@@ -18,7 +18,9 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 from itertools import product
-from typing import Any
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 Mode = tuple[int, int]
 Dim = tuple[Mode, ...]
@@ -115,7 +117,7 @@ def replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]
     return [tuple(rank_map[b + p] for p in cells) for b in replica_bases(collapse(layout), len(rank_map))]
 
 
-def nest(flat: tuple[int, ...] | list[int], shape: tuple[int, ...]) -> list:
+def nest(flat: tuple[int, ...] | list[int], shape: tuple[int, ...]) -> Any:
     """Row-major flat list -> nested lists of `shape`."""
     if not shape:
         return flat[0]
@@ -174,7 +176,7 @@ def split(dim: Dim, sizes: tuple[int, ...]) -> Layout:
 # Rank maps are large tuples whose hash costs O(world) each time, so they are keyed by identity (the model
 # passes a root's rank map on to everything derived from it) and kept alive with the entry.
 
-_SHARED: dict[tuple, tuple[tuple[int, ...], object]] = {}
+_SHARED: dict[tuple[str, Layout, int], tuple[tuple[int, ...], Any]] = {}
 _SHARED_LIMIT = 512
 
 
@@ -183,11 +185,11 @@ def forget_shared() -> None:
     _SHARED.clear()
 
 
-def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callable[[], Any]) -> object:
+def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callable[[], T]) -> T:
     key = (kind, layout, id(rank_map))
     hit = _SHARED.get(key)
     if hit is not None and hit[0] is rank_map:
-        return hit[1]
+        return cast(T, hit[1])
     if len(_SHARED) >= _SHARED_LIMIT:
         _SHARED.clear()
     value = build()
@@ -221,10 +223,11 @@ def placements(layout: Layout, rank_map: tuple[int, ...]) -> dict[int, list[tupl
     return _shared("placements", layout, rank_map, build)
 
 
-def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> list:
+def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> list[Any]:
     """One replica as nested lists, the same object for every rank that sees it."""
-    def build() -> list:
-        return nest(shared_replicas(layout, rank_map)[replica], sizes_of(layout))
+    def build() -> list[Any]:
+        nested: list[Any] = nest(shared_replicas(layout, rank_map)[replica], sizes_of(layout))
+        return nested
 
     return _shared(f"view{replica}", layout, rank_map, build)
 
@@ -274,4 +277,4 @@ def group_refusal(ranks_sorted: tuple[int, ...] | list[int], world: int) -> str 
 
 
 def dim_info(dim: Dim, rank_map: tuple[int, ...], world: int) -> DimInfo:
-    return _shared(f"dim{world}", (dim,), rank_map, lambda: DimInfo(dim, rank_map, world))  # type: ignore[return-value]
+    return _shared(f"dim{world}", (dim,), rank_map, lambda: DimInfo(dim, rank_map, world))

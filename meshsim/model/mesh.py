@@ -8,12 +8,15 @@ Quirk with the right value beside torch's, naming the finding (see meshsim.findi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..spec.platform import CPU, Platform
 from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
+
+T = TypeVar("T")
 
 WORLD_KEY = ("world",)
 
@@ -22,7 +25,7 @@ WORLD_KEY = ("world",)
 class Group:
     """A process group: `ranks` in torch's group-rank order (sorted), `order` in mesh order."""
 
-    key: tuple  # identity shared by every member: ("world",) or (creation counter, ranks)
+    key: tuple[Any, ...]  # identity shared by every member: ("world",) or (creation counter, ranks)
     ranks: tuple[int, ...]
     order: tuple[int, ...]
     desc: str = field(default="undefined", compare=False)  # torch's group_desc
@@ -36,11 +39,11 @@ class Call:
     """A call that blocks until every member of its group reaches the same call."""
 
     kind: str  # "create" or a collective name
-    key: tuple  # group identity (+ per-group sequence number for collectives)
+    key: tuple[Any, ...]  # group identity (+ per-group sequence number for collectives)
     members: tuple[int, ...]
     step: int
-    detail: tuple = ()  # what must also agree (collective numel/src)
-    context: tuple | None = field(default=None, compare=False)  # (mesh handle, dim) it was made along
+    detail: tuple[Any, ...] = ()  # what must also agree (collective numel/src)
+    context: tuple[Any, ...] | None = field(default=None, compare=False)  # (mesh handle, dim) it was made along
 
     def describe(self) -> str:
         if self.kind == "create":
@@ -96,9 +99,11 @@ class RankModel:
         self.platform = platform
         self.group_counter = 0  # torch's _world.group_count: every new_group call bumps it on every rank
         self.calls: list[Call] = []
-        self.context: tuple | None = None  # (mesh handle, dim) of the collective being made, as torch's progress says
-        self.meshes: list[tuple] = []  # (step, shape, names, ranks) of each mesh whose groups it made, as torch's
-        self.seq: dict[tuple, int] = {}
+        # (mesh handle, dim) of the collective being made, as torch's progress says
+        self.context: tuple[Any, ...] | None = None
+        # (step, shape, names, ranks) of each mesh whose groups it made, as torch's progress says
+        self.meshes: list[tuple[Any, ...]] = []
+        self.seq: dict[tuple[Any, ...], int] = {}
         self.step = -1
         self.findings: set[str] = set()
         self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world), "default_pg")
@@ -124,7 +129,7 @@ class RankModel:
         self.calls.append(Call("create", key, members, self.step, (desc,)))
         return Group(key, members, order, desc)
 
-    def collective(self, op: str, group: Group, detail: tuple = ()) -> None:
+    def collective(self, op: str, group: Group, detail: tuple[Any, ...] = ()) -> None:
         n = self.seq.get(group.key, 0)
         self.seq[group.key] = n + 1
         self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail, self.context))
@@ -218,7 +223,7 @@ class RankModel:
         return view, (_unravel(here[0], shape) if here else None)
 
     def init_device_mesh(self, shape: list[int], names: list[str] | None, device: str | None = None,
-                         overrides: list | None = None) -> MeshModel:
+                         overrides: list[Any] | None = None) -> MeshModel:
         if names is not None:
             if len(set(names)) != len(names):
                 raise ModelRaise(Err("RuntimeError", "Each mesh_dim_name must be unique"))
@@ -235,17 +240,17 @@ class RankModel:
                  init_backend: bool = True, device: str | None = None, as_rank: int | None = None) -> MeshModel:
         """DeviceMesh(device_type, mesh=<nested ranks>)."""
         names_t = tuple(names) if names else None
-        ranks_flat = tuple(ranks_flat)
-        repeated = L._shared("repeated", (), ranks_flat, lambda: len(set(ranks_flat)) != len(ranks_flat))
+        flat = tuple(ranks_flat)
+        repeated = L._shared("repeated", (), flat, lambda: len(set(flat)) != len(flat))
         bad_names = names_t is not None and (len(set(names_t)) != len(names_t) or len(names_t) != len(shape))
         if not (repeated or bad_names):
-            return self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend, device, as_rank)
+            return self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank)
         # torch accepts both; the right answer is to reject them on every rank.
         finding = "repeated-rank-accepted" if repeated else "devicemesh-names-unchecked"
         self.findings.add(finding)
         right = Err(None, "")
         try:
-            mesh = self.construct(L.row_major(shape), tuple(ranks_flat), names_t, None, init_backend, device, as_rank)
+            mesh = self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank)
         except ModelRaise as exc:
             raise ModelRaise(Quirk(right, exc.err, finding)) from None
         mesh.creation_quirk = Quirk(right, None, finding)
@@ -317,7 +322,7 @@ class RankModel:
         return result
 
     def unflatten(self, mesh: MeshModel, dim: int | str, sizes: list[int], names: list[str],
-                  overrides: list | None = None) -> MeshModel:
+                  overrides: list[Any] | None = None) -> MeshModel:
         if isinstance(dim, int) and dim >= mesh.ndim:
             raise ModelRaise(Err("ValueError", "specified in `_unflatten` is out of range"))
         if isinstance(dim, str):
@@ -552,7 +557,7 @@ def summary(mesh: MeshModel) -> Any:
     return obs
 
 
-def normalized_overrides(overrides: list, ndim: int, names: Any) -> tuple[bool, ...]:
+def normalized_overrides(overrides: list[Any], ndim: int, names: Any) -> tuple[bool, ...]:
     """torch's _normalize_backend_override: each dim's override by name or by index (not both), and no key left
     over. Returns which dims have one."""
     left = list(dict.fromkeys(key for key, _ in overrides))  # a dict in torch: a repeated key counts once
@@ -575,9 +580,10 @@ def normalized_overrides(overrides: list, ndim: int, names: Any) -> tuple[bool, 
     return tuple(forced)
 
 
-def _index(seq: Any, index: int, message: str = "list index out of range") -> Any:
+def _index(seq: Sequence[T], index: Any, message: str = "list index out of range") -> T:
     try:
-        return seq[index]
+        item: T = seq[index]
+        return item
     except IndexError:
         raise ModelRaise(Err("IndexError", message)) from None
     except TypeError:

@@ -9,10 +9,11 @@ rank apart too (rank r adds 4096 * 2**r), so a Partial reduced over the wrong me
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
+from ..model.expect import Err, ModelRaise
 from ..spec import fields as F
 from ..spec.placements import (
     REDUCE_OPS,
@@ -34,7 +35,10 @@ class _Model:
         return getattr(dtensor, name)
 
 
-D = _Model()
+if TYPE_CHECKING:
+    from ..model import dtensor as D
+else:
+    D = _Model()
 
 DT = F.PRODUCES_DTENSOR
 
@@ -54,7 +58,7 @@ def placements_of(a: dict, ndim: int) -> list[tuple]:
 def _dtensor(run: Any, ref: str) -> D.DTensorModel:
     value = run.resolve(ref)
     if not isinstance(value, D.DTensorModel):
-        raise D.ModelRaise(D.Err("HandleError", f"handle {ref!r} is not a DTensor"))
+        raise ModelRaise(Err("HandleError", f"handle {ref!r} is not a DTensor"))
     return value
 
 
@@ -68,13 +72,13 @@ def _calls(run: Any, mesh: Any, dims: list[int], what: str) -> None:
 
 def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shape: tuple, placements: list[tuple],
             sim: Any) -> D.DTensorModel:
-    """A new DTensor: `sim(state, order)` run for the right side and for torch's (None: not simulated)."""
+    """A new DTensor: `sim(geo, state, order)` run for the right side and for torch's (None: not simulated)."""
     if geo is None:  # outside the mesh: torch keeps an empty local tensor and moves nothing
         state = {mesh.rank: D.empty_block()} if prev is None else prev.right
         return D.DTensorModel(mesh, geo, shape, placements, state, state)
     right_before = prev.right if prev is not None else None
     torch_before = prev.torch if prev is not None else None
-    right = sim(right_before, D.coordinate_order)
+    right = sim(geo, right_before, D.coordinate_order)
     scrambled = any(geo.scrambled(d) for d in range(len(geo.shape)))
     if prev is not None and torch_before is None:
         torch = None
@@ -83,13 +87,13 @@ def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shap
     elif mesh.root_mesh.flatten_mapping:
         torch = None  # torch may merge transforms into a flattened mesh's group: not simulated
     else:
-        torch = sim(torch_before, D.group_rank_order)
+        torch = sim(geo, torch_before, D.group_rank_order)
     return D.DTensorModel(mesh, geo, shape, placements, right, torch)
 
 
 def _geometry(mesh: Any) -> D.Geometry | None:
     if not mesh.backend_ready:
-        raise D.ModelRaise(D.Err("RuntimeError", "process groups not initialized"))
+        raise ModelRaise(Err("RuntimeError", "process groups not initialized"))
     return D.geometry_of(mesh) if mesh.coordinate is not None else None
 
 
@@ -101,7 +105,7 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     geo = _geometry(mesh)
     _calls(run, mesh, list(range(mesh.ndim)), "distribute")
     tensor = D.arange_block(shape)
-    return _derive(None, mesh, geo, shape, placements, lambda _, order: D.distribute(geo, tensor, placements, order))
+    return _derive(None, mesh, geo, shape, placements, lambda g, _, order: D.distribute(g, tensor, placements, order))
 
 
 def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.DTensorModel:
@@ -111,7 +115,7 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.D
              if dt.mesh.shape[d] > 1]
     _calls(run, dt.mesh, [d for d, _, _ in moves], "redistribute")
     return _derive(dt, dt.mesh, dt.geometry, dt.shape, target,
-                   lambda state, order: D.redistribute(dt.geometry, dt.shape, state, dt.placements, target, order))
+                   lambda g, state, order: D.redistribute(g, dt.shape, state, dt.placements, target, order))
 
 
 def plain_tensor_seen_by(rank: int) -> Any:
@@ -128,7 +132,7 @@ def check_redistribute_target(dt: D.DTensorModel, target: list[tuple]) -> None:
     """DTensor.redistribute refuses a new Partial first, then a placement list that does not fit."""
     for current, wanted in zip(dt.placements, target):
         if wanted[0] == "P" and current != wanted:
-            raise D.ModelRaise(D.Err("RuntimeError", "redistributing to Partial is for internal use only"))
+            raise ModelRaise(Err("RuntimeError", "redistributing to Partial is for internal use only"))
     D.check_placements(target, dt.mesh.ndim, len(dt.shape))
 
 
@@ -330,6 +334,7 @@ class FromLocal:
     4096 * 2**rank + 0, 1, 2, ... (values that tell ranks apart); `shape` passes the global shape (and its
     contiguous stride), else torch infers it as if shards were even; `run_check` broadcasts Replicate dims"""
 
+    @staticmethod
     def check_args(a: dict) -> None:
         if ("tensor" in a) == ("local_shape" in a):
             raise F.PlanError("needs exactly one of 'tensor' (a DTensor whose block to take) or 'local_shape'")
@@ -350,10 +355,10 @@ class FromLocal:
         checked = [d for d, p in enumerate(placements) if p[0] == "R"] if a.get("run_check") else []
         _calls(run, mesh, checked, "from_local check")
 
-        def sim(blocks: dict, order: Any) -> dict:
+        def sim(g: D.Geometry, blocks: D.Blocks, order: Any) -> D.Blocks:
             out = {r: D.made_contiguous(b) for r, b in blocks.items()} if checked else dict(blocks)
             for d in checked:
-                out = {r: out[order(geo, r, d)[0]] for r in geo.flat}
+                out = {r: out[order(g, r, d)[0]] for r in g.flat}
             return out
 
         return _derive(given, mesh, geo, shape, placements, sim)
@@ -399,13 +404,14 @@ def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
     the global shape) over the default group, not the mesh; ValueError where they differ."""
     run.model.collective(RUN_CHECK_CALL, run.model.world_group)
     if check_shape and len({(b.shape, b.strides or contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
-        raise D.ModelRaise(D.Err("ValueError", "Inconsistent tensor metadata"))
+        raise ModelRaise(Err("ValueError", "Inconsistent tensor metadata"))
 
 
 def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> D.DTensorModel:
     """The blocks from_local receives on every member (this rank alone outside the mesh), as they should be and
     as torch holds them: a fresh block per rank, or `source`'s local blocks."""
     ranks = geo.flat if geo is not None else [run.model.rank]
+    torch: D.Blocks | None
     if source is None:
         right = torch = {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in ranks}
     else:
@@ -424,7 +430,7 @@ class Sum:
         ndim = len(dt.shape)
         dim = a["dim"] + ndim if a["dim"] < 0 else a["dim"]
         if not 0 <= dim < ndim:
-            raise D.ModelRaise(D.Err("IndexError", "Dimension out of range"))
+            raise ModelRaise(Err("IndexError", "Dimension out of range"))
         if any(p[0] == "P" and p[1] != "sum" for p in dt.placements):
             # torch redistributes such an input before it sums, by a sharding strategy meshsim does not model:
             # the verdict says the model cannot predict the plan, rather than guess

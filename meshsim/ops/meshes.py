@@ -204,6 +204,7 @@ class Slice:
 class Flatten:
     """src._flatten(name, backend_override=backend)"""
 
+    @staticmethod
     def check_args(a: dict) -> None:
         if "backend" in a and a["backend"] not in F.BACKENDS:
             raise PlanError(f"backend must be one of {', '.join(F.BACKENDS)}, got {a['backend']!r}")
@@ -296,6 +297,7 @@ class FromGroup:
     """DeviceMesh.from_group(groups of src's dims, or a new_group handle, or one handle per dim out of lists of
     new_group handles; mesh=layout, else src seen from this rank)"""
 
+    @staticmethod
     def check_args(a: dict) -> None:
         if sum(key in a for key in ("src", "group", "groups")) != 1:
             raise PlanError("needs exactly one of 'src' (with 'dims'), 'group' or 'groups'")
@@ -322,8 +324,9 @@ class FromGroup:
         groups = [model.get_group(src, d) for d in dims]
         names = _default_names(a.get("names"), src.names, dims, src.ndim)
         if len(dims) > 1 and flat is None:
-            flat, shape = _seen_from_here(src, dims, lambda keys: model.mesh_view(model.slice(src, keys)),
+            seen, shape = _seen_from_here(src, dims, lambda keys: model.mesh_view(model.slice(src, keys)),
                                           model.mesh_view, src.coordinate, src.shape, src.names)
+            flat = tuple(seen)
         return model.from_groups(groups, flat, shape, names, len(dims) == 1, device or src.device)
 
     def torch(ex: Any, a: dict) -> Any:

@@ -50,6 +50,7 @@ from .follow import Hosted, follow
 from .generation import Generation
 from .interpreter import Interpreter
 from .pool import WorkerPool
+from .progress import Progress
 from .rank import (
     WorkerSpec,
     _capture_output,
@@ -63,11 +64,11 @@ DIGEST_OVER = 256  # mesh views larger than this travel as a digest (the model's
 WORKERS = 2
 
 
-class _Quiet:
+class _Quiet(Progress):
     """The progress a fake rank reports to: nothing blocks, so there is nothing to follow."""
 
-    context: Any = None
-    in_plan = False
+    def __init__(self) -> None:
+        super().__init__(lambda event: None)
 
     def emit(self, event: Any) -> None:
         pass
@@ -115,12 +116,13 @@ def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:
 
     def new_group(ranks: Any = None, *args: Any, use_local_synchronization: bool = False, **kwargs: Any) -> Any:
         if ranks is not None and not use_local_synchronization:
-            world = c10d._world.default_pg.size()
+            world = c10d._get_default_group().size()
             if (rank_of() not in ranks and len(set(ranks)) == len(ranks) <= world
                     and min(ranks) >= 0 and max(ranks) < world):
                 c10d._world.group_count += 1
                 return c10d.GroupMember.NON_GROUP_MEMBER
-        return real(ranks, *args, use_local_synchronization=use_local_synchronization, **kwargs)
+        kwargs["use_local_synchronization"] = use_local_synchronization
+        return real(ranks, *args, **kwargs)
 
     dm.new_group = new_group
 

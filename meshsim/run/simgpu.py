@@ -224,8 +224,9 @@ def install(devices: int) -> None:
         if hasattr(torch.cuda, name):
             setattr(torch.cuda, name, _refuse(name))
     cuda = torch.device("cuda")
-    torch._C._get_accelerator = lambda: cuda
-    accel = torch.accelerator
+    accel: Any = torch.accelerator  # its functions are replaced for the simulated devices
+    torch_c: Any = torch._C
+    torch_c._get_accelerator = lambda: cuda
     accel.is_available = lambda: True
     accel.device_count = lambda: _State.devices
     accel.current_accelerator = lambda check_available=False: cuda
@@ -254,7 +255,7 @@ def _ddp_on_simulated_gpus() -> None:
              **kwargs: Any) -> None:
         original(self, module, None, None, *args, **kwargs)
 
-    DistributedDataParallel.__init__ = init
+    setattr(DistributedDataParallel, "__init__", init)  # noqa: B010 -- mypy refuses assigning a method
 
 
 def _gloo_for_nccl(dist: Any, c10d: Any) -> None:

@@ -10,10 +10,13 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 MAX_DTENSOR_NUMEL = 4096  # a global tensor stays this small: the model copies it once per rank
 MAX_DTENSOR_DIMS = 4
 
+# ("S", dim), ("R",) or ("P", reduce op): a placement as the model and the plan language hold it
+Placement = tuple[Any, ...]
+
 _PLACEMENT = re.compile(r"S\((-?\d{1,2})\)|R|P\((" + "|".join(REDUCE_OPS) + r")\)")
 
 
-def parse_placement(text: str) -> tuple[Any, ...]:
+def parse_placement(text: str) -> Placement:
     """"S(d)" -> ("S", d), "R" -> ("R",), "P(op)" -> ("P", op)."""
     match = _PLACEMENT.fullmatch(text) if isinstance(text, str) else None
     if match is None:
@@ -23,7 +26,7 @@ def parse_placement(text: str) -> tuple[Any, ...]:
     return ("S", int(match.group(1))) if match.group(1) is not None else ("P", match.group(2))
 
 
-def placement_text(p: tuple[Any, ...]) -> str:
+def placement_text(p: Placement) -> str:
     return "R" if p[0] == "R" else f"S({p[1]})" if p[0] == "S" else f"P({p[1]})"
 
 

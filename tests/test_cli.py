@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from meshsim import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,3 +78,12 @@ def test_replay_rebuilds_a_hang_from_its_dumps_runs_it_and_exits_1_as_run_does_w
     out = capsys.readouterr().out
     assert "culprit ranks 5" in out and "replayed: hang — as the dumps say" in out
     assert cli.main(["run", str(tmp_path / "s.toml"), "--tier", "model"]) == 0  # anyone can re-run the file
+
+
+@pytest.mark.parametrize("where", ["/proc/meshsim-nope/logs", "/proc/self/status/logs"])
+def test_a_log_dir_the_system_refuses_even_to_root_is_exit_2_in_one_line(where, capsys):
+    # root passes os.access everywhere, and /proc still refuses a mkdir: only trying tells
+    script = os.path.join(ROOT, "tests", "launch_scripts", "exits.py")
+    assert cli.main(["launch", "--log-dir", where, script]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("meshsim: error: --log-dir") and "Traceback" not in err[0]

@@ -391,18 +391,21 @@ def _rank_record(dump: Any, key_of: dict, backends: Counter) -> RankRecord:
 
 def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
     """One call from its entries: NCCL writes a coalesced call as its ops plus a closing marker, all under
-    one collective_seq_id."""
+    one collective_seq_id (the marker is "coalesced", or "ALLGATHER_coalesced" / "REDUCE_SCATTER_coalesced"
+    after the ops of all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced's slow path)."""
     key, seq, p2p = slot
     names = [str(e["profiling_name"]).partition(":")[2] for e in entries]
-    ops = tuple(n for n in names if n != "coalesced") or tuple(names)
+    marker = len(entries) > 1 and _is_marker(names[-1], entries[-1])
+    parts = entries[:-1] if marker else entries
+    ops = tuple(names[:-1] if marker else names)
     first = entries[0]
     last = entries[-1]
     op, _, peer = ops[0].partition(" ")
-    in_sizes = tuple(tuple(s) for e in entries for s in e["input_sizes"])
-    out_sizes = tuple(tuple(s) for e in entries for s in e["output_sizes"])
-    in_dtypes = tuple(d for e in entries for d in e.get("input_dtypes", ()))
-    out_dtypes = tuple(d for e in entries for d in e.get("output_dtypes", ()))
-    fr_state = str(last["state"])
+    in_sizes = tuple(tuple(s) for e in parts for s in e["input_sizes"])
+    out_sizes = tuple(tuple(s) for e in parts for s in e["output_sizes"])
+    in_dtypes = tuple(d for e in parts for d in _dtypes(e.get("input_dtypes")))
+    out_dtypes = tuple(d for e in parts for d in _dtypes(e.get("output_dtypes")))
+    fr_state = str(last["state"])  # a coalesced call's state is its marker's: the work that runs them all
     retired = all(bool(e["retired"]) for e in entries)
     if gloo:
         state = RETIRED if retired else IN_FLIGHT  # gloo always writes "scheduled"
@@ -415,6 +418,21 @@ def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
                 int(first["record_id"]), int(first.get("time_created_ns") or 0),
                 ops if len(ops) > 1 else (), p2p, peer,
                 tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames))
+
+
+def _is_marker(name: str, entry: dict) -> bool:
+    """The entry that closes a coalesced call: named for the coalescing, and with no tensors of its own."""
+    named = name == "coalesced" or name.endswith("_coalesced")
+    return named and not any(_numel(s) for s in list(entry["input_sizes"]) + list(entry["output_sizes"]) if s)
+
+
+def _dtypes(value: Any) -> tuple[str, ...]:
+    """Flight Recorder writes a list of dtype names; older writers and torch's own tests a single string."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    return tuple(str(d) for d in value)
 
 
 def _initial_groups(descs: dict[str, str], configured: dict, key_of: dict, ranks: dict[int, RankRecord],
@@ -691,24 +709,38 @@ def _pg_ids_from_members(groups: dict[str, Group], ranks: dict[int, RankRecord])
 
 
 def _settle_gloo_states(incident: Incident) -> None:
-    """gloo retires a call whether it completed or raised. A collective completes on every member or on
-    none, so a retired call that a member never issued, or that a member still waits in, raised."""
+    """What the states in the dumps do not say directly.
+
+    A call the rank has returned from can still show in flight: gloo retires an entry after the call returns, so
+    a rank that raised right after a collective dumps it unretired. A collective completes on every member or on
+    none, so where a member finished the same call and went on to others, it completed here too.
+
+    gloo retires a call whether it completed or raised. An exception in a collective ends the rank's work (the
+    calls after it are not made), so a retired call that is the rank's last, and that a member never issued or
+    still waits in, raised."""
     for record in incident.ranks.values():
-        for index, call in enumerate(record.calls):
-            if call.state != RETIRED or call.p2p:
+        last = _last_call(record)
+        if last is not None and last.state == IN_FLIGHT and _finished_elsewhere(incident, last):
+            record.replace(record.calls.index(last), _replace(last, state=RETIRED if last.fr_state == "scheduled"
+                                                                and incident.backend == "gloo" else COMPLETED))
+            incident.notes.append(f"rank {record.rank}'s dump shows {last.describe(incident.groups)} in flight, "
+                                  f"but a member finished it and went on: it completed (Flight Recorder marks a "
+                                  f"call after its caller has returned; the rank dumped before that)")
+    for record in incident.ranks.values():
+        last = _last_call(record)
+        if last is None or last.state != RETIRED:
+            continue
+        for m in incident.groups[last.group].ranks:
+            other = incident.ranks.get(m)
+            if other is None or not other.dumped or m == record.rank:
                 continue
-            members = incident.groups[call.group].ranks
-            for m in members:
-                other = incident.ranks.get(m)
-                if other is None or not other.dumped or m == record.rank:
-                    continue
-                count = other.issued(call.group)
-                theirs = other.at(call.group, call.seq)
-                if (count is not None and count < call.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
-                    record.replace(index, _replace(call, state=FAILED))
-                    break
+            count = other.issued(last.group)
+            theirs = other.at(last.group, last.seq)
+            if (count is not None and count < last.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
+                record.replace(record.calls.index(last), _replace(last, state=FAILED))
+                break
     # A member without a dump never finished a call that a dumped member of its group still waits in, nor
-    # any call the program makes after that one: a retired call of such a group that comes later raised.
+    # any call the program makes after that one: such a retired call, last on its rank, raised.
     order = ProgramOrder(incident)
     for m in incident.missing:
         never = {order.key(rec.held) for rec in incident.ranks.values()
@@ -717,12 +749,29 @@ def _settle_gloo_states(incident: Incident) -> None:
         if not never:
             continue
         for record in incident.ranks.values():
-            for index, call in enumerate(record.calls):
-                if call.state != RETIRED or call.p2p or m not in incident.groups[call.group].ranks:
-                    continue
-                key = order.key(call)
-                if key in never or any(order.precedes(k, key) for k in never):
-                    record.replace(index, _replace(call, state=FAILED))
+            call = _last_call(record)
+            if call is None or call.state != RETIRED or m not in incident.groups[call.group].ranks:
+                continue
+            key = order.key(call)
+            if key in never or any(order.precedes(k, key) for k in never):
+                record.replace(record.calls.index(call), _replace(call, state=FAILED))
+
+
+def _last_call(record: RankRecord) -> Call | None:
+    return next((c for c in reversed(record.calls) if not c.p2p), None)
+
+
+def _finished_elsewhere(incident: Incident, call: Call) -> bool:
+    """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls."""
+    for m in incident.groups[call.group].ranks:
+        other = incident.ranks.get(m)
+        if other is None or not other.dumped or m == call.rank:
+            continue
+        theirs = other.at(call.group, call.seq)
+        if theirs is not None and theirs.finished and theirs.signature() == call.signature() \
+                and any(c.record_id > theirs.record_id and not c.p2p for c in other.calls):
+            return True
+    return False
 
 
 def _replace(call: Call, **changes: Any) -> Call:

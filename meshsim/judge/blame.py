@@ -179,10 +179,7 @@ def _roles(states: list[RankState]) -> dict[str, Any]:
 
 
 def _sibling_roles(states: list[RankState], roles: dict[str, Any]) -> dict[str, Any]:
-    """Groups with no mesh dim that the same line of code calls on (a step of a plan, file:line of a script), and
-    that share no rank, play one part: each rank makes that call on its own group, as with the groups of
-    new_subgroups, or hand-made groups of 0-3 and 4-7 that one loop all_reduces on. Where such groups overlap
-    (a helper that one rank calls with two of its groups) the site says nothing, and every group keeps its own."""
+    """The parts of the groups with no mesh dim, from the lines that call on them (sibling_parts)."""
     members: dict[str, frozenset[int]] = {}
     at: dict[Any, set[str]] = {}
     for s in states:
@@ -191,13 +188,20 @@ def _sibling_roles(states: list[RankState], roles: dict[str, Any]) -> dict[str, 
         for (group, _), (site, kind) in s.call_log.items():
             if group not in roles and site is not None:
                 at.setdefault((site, kind), set()).add(group)
-                members.setdefault(group, frozenset())
-                members[group] = members[group] | {s.rank}
-    parts: dict[str, Any] = {}
+                members[group] = members.get(group, frozenset()) | {s.rank}
+    return sibling_parts(at, members)
+
+
+def sibling_parts(at: dict[Any, set[str]], members: dict[str, frozenset[int]]) -> dict[str, tuple[str, str]]:
+    """Groups that the same line of code calls on (a step of a plan, file:line of a script: the keys of `at`),
+    and that share no rank, play one part: each rank makes that call on its own group, as with the groups of
+    new_subgroups, or hand-made groups of 0-3 and 4-7 that one loop all_reduces on. Where such groups overlap (a
+    helper that one rank calls with two of its groups) the line says nothing, and every group keeps its own."""
+    parts: dict[str, tuple[str, str]] = {}
     for groups in sorted(at.values(), key=lambda g: sorted(g)):
         if len(groups) < 2 or any(g in parts for g in groups):
             continue
-        ranks = [members[g] for g in groups]
+        ranks = [members.get(g, frozenset()) for g in groups]
         if sum(len(r) for r in ranks) == len(frozenset().union(*ranks)):  # pairwise disjoint
             part = ("siblings", min(groups))
             parts.update({g: part for g in groups})
@@ -220,10 +224,12 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
                 why[(call.group, call.seq, m)] = _why_missing(states, order, call, m)
             cause = why[(call.group, call.seq, m)]
             if cause is not None:
-                causes.setdefault(m, cause)
+                # a skip is the root of what the rank did next (stall, leave): it wins whichever wait showed it
+                if m not in causes or (cause.kind == KINDS["skipped"] != causes[m].kind):
+                    causes[m] = cause
             else:
                 upstream.setdefault(rank, set()).add(m)
-    for call in sorted(held.values()):
+    for call in sorted(held.values(), key=lambda c: (c.group, c.seq, c.kind, c.ranks)):  # (sites: int or str)
         skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq is not None
                              and c.seq <= call.seq for c in causes.values())
         if not skipped_before:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judge.blame import ProgramOrder as _VotedOrder
-from .dumps import ReplayError, is_newer_than_known
+from .dumps import ReplayError
 
 COMPLETED = "completed"
 IN_FLIGHT = "in flight"  # issued, not finished: the rank waits in it (NCCL: started or scheduled)
@@ -36,6 +36,7 @@ UNFINISHED = (IN_FLIGHT, TIMED_OUT, FAILED)  # the rank was held up in the call,
 WORLD_DESC = "default_pg"
 UNSEEN = "unseen"  # a mesh dim whose groups recorded no call: its size shows, its name does not
 P2P_OPS = ("send", "recv")
+P2P = "p2p"  # the source of a pair's group: each pair of ranks that sent to each other on a group is one
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Call:
     p2p: bool = False
     peer: str = ""  # a p2p op's "0->1"
     frames: tuple = ()  # (name, filename, line), innermost first, as recorded
+    timeout_ms: int = 0  # how long its group lets it wait (0: not recorded)
 
     @property
     def finished(self) -> bool:
@@ -71,8 +73,10 @@ class Call:
         return sum(_numel(s) for s in self.out_sizes)
 
     def signature(self) -> tuple:
-        """What members of a group must agree on for the collective to match (torch's analyzer checks these)."""
-        return (self.op, self.in_sizes, self.out_sizes, tuple(self.in_dtypes), tuple(self.out_dtypes))
+        """What members of a group must agree on for the collective to match (torch's analyzer checks these); a
+        send and its receive match on sizes and dtypes."""
+        op = P2P if self.p2p else self.op
+        return (op, self.in_sizes, self.out_sizes, tuple(self.in_dtypes), tuple(self.out_dtypes))
 
     def describe(self, groups: dict[str, Group] | None = None) -> str:
         where = f" at {self.site}" if self.site else ""
@@ -105,12 +109,15 @@ class RankRecord:
         self.calls[index] = call
         self._index, self._held, self._issued = None, None, {}
 
+    def set_calls(self, calls: list[Call]) -> None:
+        self.calls = calls
+        self._index, self._held, self._issued = None, None, {}
+
     def _by_group(self) -> dict[str, dict[int, Call]]:
         if self._index is None:
             self._index = {}
             for c in self.calls:
-                if not c.p2p:
-                    self._index.setdefault(c.group, {})[c.seq] = c
+                self._index.setdefault(c.group, {})[c.seq] = c
         return self._index
 
     def on(self, group: str) -> list[Call]:
@@ -142,7 +149,7 @@ class RankRecord:
     def held(self) -> Call | None:
         """The call that holds the rank up: its oldest unfinished one (NCCL may have queued more behind it)."""
         if self._held is None:
-            self._held = (next((c for c in self.calls if not c.finished and not c.p2p), None),)
+            self._held = (next((c for c in self.calls if not c.finished), None),)
         return self._held[0]
 
     @property
@@ -163,10 +170,12 @@ class Group:
 
     @property
     def complete(self) -> bool:
-        return self.source in ("pg_config", "mesh", "world")
+        return self.source in ("pg_config", "mesh", "world", P2P)
 
     def describe(self) -> str:
         members = _ranks_text(self.ranks)
+        if self.source == P2P:
+            return f"point-to-point {self.ranks[0]}<->{self.ranks[1]} of group {self.name}"
         if self.dim is not None:
             return f"mesh dim {self.dim!r} group {members}"
         if self.desc == WORLD_DESC:
@@ -202,6 +211,8 @@ class Incident:
     meshes: list[Mesh]
     listing: list[int]  # the ranks in the order their files were listed
     notes: list[str] = field(default_factory=list)
+    absent: dict[int, Any] = field(default_factory=dict)  # rank without a dump -> meshsim.replay.absent.Absent
+    siblings: dict[str, str] = field(default_factory=dict)  # group -> the first of the groups it plays a part with
 
     @property
     def missing(self) -> list[int]:
@@ -212,13 +223,24 @@ class Incident:
         return sorted(r for r, rec in self.ranks.items() if rec.dumped)
 
     def role(self, group: str) -> tuple:
-        """Groups that play one part in the program: every group of one mesh dim, else the group itself."""
+        """Groups that play one part in the program: every group of one mesh dim, groups that one line of code
+        calls on with no rank in common (meshsim.judge.blame.sibling_parts), else the group itself."""
         g = self.groups[group]
-        return ("mesh", g.mesh, g.dim) if g.mesh is not None else ("group", group)
+        if g.mesh is not None:
+            return ("mesh", g.mesh, g.dim)
+        if group in self.siblings:
+            return ("siblings", self.siblings[group])
+        return ("group", group)
+
+    def part(self, role: tuple) -> list[Group]:
+        """The groups that play `role`."""
+        return [g for g in self.groups.values() if self.role(g.key) == role]
 
     def role_text(self, role: tuple) -> str:
         if role[0] == "mesh":
             return f"mesh dim {role[2]!r}"
+        if role[0] == "siblings":
+            return "groups " + ", ".join(g.describe().removeprefix("group ") for g in self.part(role))
         return self.groups[role[1]].describe()
 
     def groups_of(self, rank: int) -> list[Group]:
@@ -232,9 +254,8 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
         raise ReplayError(f"{getattr(dumpset, 'directory', '?')}: no dumps")
     version = dumps[0].version
     notes: list[str] = []
-    if is_newer_than_known(version):
-        notes.append(f"dump version {version} is newer than meshsim knows (2.10): fields added since are ignored")
     raw_groups, configured = _groups_seen(dumps)
+    _one_world(dumps, raw_groups, configured)
     key_of = _group_keys(raw_groups, configured, dumps)
     ranks: dict[int, RankRecord] = {}
     backends: Counter = Counter()
@@ -250,15 +271,20 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
             raise ReplayError(f"{dumpset.directory}: world {world} given, but the dumps name rank {size - 1}")
         size = world
     groups = _initial_groups(raw_groups, configured, key_of, ranks, size)
-    meshes = _infer_meshes(groups, size, notes)
+    meshes, size = _meshes_and_world(groups, size, notes, fixed=bool(configured) or world is not None)
+    for g in groups.values():
+        if g.source == "world":
+            g.ranks = tuple(range(size))
     _members_from_pg_ids(groups, ranks, notes)
     _pg_ids_from_members(groups, ranks)
+    _pair_p2p(groups, ranks)
     for rank in range(size):
         ranks.setdefault(rank, RankRecord(rank, None))
     missing = [r for r in range(size) if not ranks[r].dumped]
     if missing:
-        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}: "
-                     f"{'they are' if len(missing) > 1 else 'it is'} never counted as having arrived anywhere")
+        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}: a missing file "
+                     f"does not say whether a rank died, exited, could not write it or lost it, so each is placed "
+                     f"from its peers' dumps, and never counted as having arrived anywhere it is not shown to")
     if not configured and world is None:
         notes.append(f"gloo dumps name no group members, so the world is taken as {size} (ranks 0 to the highest "
                      f"rank a dump or a mesh names); a missing rank above that cannot be seen")
@@ -273,7 +299,14 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
     incident = Incident(dumpset.directory if hasattr(dumpset, "directory") else "", version, backend,
                         dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
                         [d.rank for d in dumps], notes)
+    incident.siblings = _siblings(incident)
+    _one_job(incident)
     _settle_gloo_states(incident)
+    _older_dumps(incident)
+    from .absent import infer  # (it reads the incident this module builds)
+
+    incident.absent = infer(incident)
+    incident.notes += [absent.text for absent in incident.absent.values()]
     return incident
 
 
@@ -311,6 +344,10 @@ def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int,
             seen.append((str(conf.get("name", name)), str(conf.get("desc", ""))))
             if ranks:
                 members = configured.setdefault(str(conf.get("name", name)), [])
+                clash = next((m for m in members if set(m) & set(ranks) and m != tuple(ranks)), None)
+                if clash is not None:  # split_group's subgroups share a name, but never a rank
+                    raise ReplayError(f"{dump.path}: group {conf.get('name', name)} has ranks {ranks} here and "
+                                      f"{list(clash)} in another dump: dumps from different jobs?")
                 if tuple(ranks) not in members:
                     members.append(tuple(ranks))
         for name, desc in seen:
@@ -320,6 +357,20 @@ def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int,
                                   f"{descs[name][1]}: dumps from different jobs?")
             descs.setdefault(name, (desc, dump.path))
     return {n: d for n, (d, _) in descs.items()}, configured
+
+
+def _one_world(dumps: list, descs: dict[str, str], configured: dict[str, list[tuple[int, ...]]]) -> None:
+    """Every dump's rank is in the world its default group names (a dump of a larger or smaller run is not)."""
+    for name, desc in descs.items():
+        if desc != WORLD_DESC:
+            continue
+        for members in configured.get(name, []):
+            outside = next((d for d in dumps if d.rank not in members), None)
+            if outside is not None:
+                said = next(d for d in dumps if str(name) in d.pg_config or any(
+                    str(c.get("name")) == name for c in d.pg_config.values() if isinstance(c, dict)))
+                raise ReplayError(f"{said.path}: its default group is ranks {_ranks_text(members)}, but "
+                                  f"{outside.path} is rank {outside.rank}: dumps from different jobs?")
 
 
 def _parse_ranks(path: str, text: Any) -> list[int]:
@@ -417,7 +468,15 @@ def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
     return Call(rank, key, seq, op, in_sizes, out_sizes, in_dtypes, out_dtypes, state, fr_state, _site(frames),
                 int(first["record_id"]), int(first.get("time_created_ns") or 0),
                 ops if len(ops) > 1 else (), p2p, peer,
-                tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames))
+                tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames),
+                _int(first.get("timeout_ms")))
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _is_marker(name: str, entry: dict) -> bool:
@@ -433,6 +492,65 @@ def _dtypes(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,) if value else ()
     return tuple(str(d) for d in value)
+
+
+def _pair_p2p(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
+    """Point-to-point calls as calls on the group of their two ranks: NCCL matches a rank's k-th send to a peer
+    with that peer's k-th receive from it, so each pair counts its own calls, and a rank held in a send waits
+    for its peer as a rank held in a collective waits for the group's members. The ops of a batch
+    (batch_isend_irecv: one p2p_seq_id, closed by a "coalesced" entry) are one call a peer."""
+    pairs: dict[tuple[str, int, int], str] = {}
+    for record in ranks.values():
+        counts: Counter = Counter()
+        calls: list[Call] = []
+        for call in record.calls:
+            if not call.p2p:
+                calls.append(call)
+                continue
+            members = groups[call.group].ranks
+            ops = call.ops or (f"{call.op} {call.peer}",)
+            for index, text in enumerate(ops):
+                peer = _p2p_peer(text, members)
+                if peer is None:
+                    continue  # a marker, or a peer outside what the group's members say
+                a, b = sorted((record.rank, peer))
+                key = pairs.setdefault((call.group, a, b), f"{groups[call.group].name}:{a}<->{b}")
+                counts[key] += 1
+                sizes = call.in_sizes[index:index + 1] if len(call.in_sizes) == len(ops) else call.in_sizes
+                calls.append(_replace(call, group=key, seq=counts[key], op=text.split(" ")[0], ops=(), peer=text,
+                                      in_sizes=sizes, out_sizes=sizes))
+        record.set_calls(calls)
+    for (group, a, b), key in pairs.items():
+        groups[key] = Group(key, groups[group].name, groups[group].desc, (a, b), P2P)
+    _settle_batches(groups, ranks)
+
+
+def _settle_batches(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
+    """A batch's state is the state of all its ops together: an op of an unfinished batch whose peer made the
+    matching call went through, and only the batch's other ops hold the rank (where it waits for their peers)."""
+    for record in ranks.values():
+        batches = Counter(c.record_id for c in record.calls if c.p2p)
+        for index, call in enumerate(list(record.calls)):
+            if not call.p2p or call.finished or batches[call.record_id] < 2:
+                continue
+            peer = next(r for r in groups[call.group].ranks if r != record.rank)
+            if peer in ranks and ranks[peer].dumped and ranks[peer].at(call.group, call.seq) is not None:
+                record.replace(index, _replace(call, state=COMPLETED))
+
+
+def _p2p_peer(text: str, members: tuple[int, ...]) -> int | None:
+    """The global rank at the other end of "send 0->1" / "recv 1<-0" (ranks within the group, as NCCL writes)."""
+    op, _, ends = text.partition(" ")
+    try:
+        if op == "send":
+            local = int(ends.split("->")[1])
+        elif op == "recv":
+            local = int(ends.split("<-")[1])
+        else:
+            return None
+    except (IndexError, ValueError):
+        return None
+    return members[local] if 0 <= local < len(members) else None
 
 
 def _initial_groups(descs: dict[str, str], configured: dict, key_of: dict, ranks: dict[int, RankRecord],
@@ -469,6 +587,24 @@ def _dim_of(group: Group) -> str:
     dim = _mesh_dim(group.desc)
     assert dim is not None
     return dim
+
+
+def _meshes_and_world(groups: dict[str, Group], size: int, notes: list[str], fixed: bool) -> tuple[list[Mesh], int]:
+    """The meshes, and the world they span. Where nothing names the world (gloo's dumps name no members), the
+    highest rank with a dump may not be the last rank: a world a little larger, which the DeviceMesh groups' names
+    fit when the smaller one fits nothing, is the job's (its last ranks left no dump)."""
+    tried: list[str] = []
+    meshes = _infer_meshes(groups, size, tried)
+    if meshes or fixed or not any(_mesh_dim(g.desc) for g in groups.values()):
+        notes += tried
+        return meshes, size
+    for larger in range(size + 1, 2 * size + 1):
+        meshes = _infer_meshes(groups, larger, [])
+        if meshes:
+            notes.append(f"the world is {larger}, not the {size} that the dumps' highest rank says: the DeviceMesh "
+                         f"groups fit a world of {larger} only")
+            return meshes, larger
+    return [], size
 
 
 def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> list[Mesh]:
@@ -708,6 +844,66 @@ def _pg_ids_from_members(groups: dict[str, Group], ranks: dict[int, RankRecord])
             record._issued = {}
 
 
+def _siblings(incident: Incident) -> dict[str, str]:
+    """Groups outside any mesh (the default group aside) that one line of code calls on, with no rank in common."""
+    from ..judge.blame import sibling_parts
+
+    at: dict[Any, set[str]] = {}
+    for record in incident.ranks.values():
+        for c in record.calls:
+            g = incident.groups[c.group]
+            if g.mesh is None and g.desc != WORLD_DESC and c.site is not None:
+                at.setdefault((c.site, c.op), set()).add(c.group)
+    members = {key: frozenset(g.ranks) for key, g in incident.groups.items()}
+    return {group: part[1] for group, part in sibling_parts(at, members).items()}
+
+
+def _one_job(incident: Incident) -> None:
+    """Members of one collective issue it within its timeout of each other, or it could not have finished: a
+    finished call whose members made it further apart than that comes from two runs of a job, not one."""
+    for key, g in incident.groups.items():
+        calls: dict[int, list[Call]] = {}
+        for r in g.ranks:
+            for c in incident.ranks[r].on(key) if incident.ranks[r].dumped else ():
+                if c.finished and c.time_ns and c.timeout_ms:
+                    calls.setdefault(c.seq, []).append(c)
+        for made in calls.values():
+            early, late = min(made, key=lambda c: c.time_ns), max(made, key=lambda c: c.time_ns)
+            apart = (late.time_ns - early.time_ns) / 1e6
+            if apart > max(c.timeout_ms for c in made):
+                raise ReplayError(f"{incident.ranks[late.rank].file}: {late.describe(incident.groups)} finished, "
+                                  f"yet it was made {apart / 1000:.0f} s after rank {early.rank} made it "
+                                  f"({incident.ranks[early.rank].file}), longer than its {early.timeout_ms / 1000:.0f}"
+                                  f" s timeout: dumps from different runs of a job")
+
+
+def _older_dumps(incident: Incident) -> None:
+    """A collective finishes only once every member made it. A member whose dump shows fewer calls on the group
+    than a peer finished (and went past) wrote it before making that call, while the job still moved, or it
+    comes from another run of the job: said, since its place in the dumps is then not where it ended up."""
+    for key, g in incident.groups.items():
+        if g.source == P2P:
+            continue  # a small send can finish before its receive is posted (NCCL's eager protocol)
+        finished = {}
+        for r in g.ranks:
+            rec = incident.ranks[r]
+            last = _last_call(rec) if rec.dumped else None
+            for c in rec.on(key) if rec.dumped else ():
+                if c.finished and c is not last:
+                    finished[c.seq] = c
+        if not finished:
+            continue
+        top = max(finished)
+        for r in g.ranks:
+            count = incident.ranks[r].issued(key)
+            if count is not None and count < top and incident.ranks[r].wrapped is False:
+                c = finished[top]
+                incident.notes.append(
+                    f"rank {r}'s dump shows {count} call{'s' if count != 1 else ''} on {g.describe()}, but rank "
+                    f"{c.rank} finished #{top} there and went on, which needs rank {r} to have made it: rank {r}'s "
+                    f"dump was written earlier than its peers' (the job still moved), or comes from another run")
+
+
 def _settle_gloo_states(incident: Incident) -> None:
     """What the states in the dumps do not say directly.
 
@@ -758,7 +954,7 @@ def _settle_gloo_states(incident: Incident) -> None:
 
 
 def _last_call(record: RankRecord) -> Call | None:
-    return next((c for c in reversed(record.calls) if not c.p2p), None)
+    return record.calls[-1] if record.calls else None
 
 
 def _finished_elsewhere(incident: Incident, call: Call) -> bool:
@@ -769,7 +965,7 @@ def _finished_elsewhere(incident: Incident, call: Call) -> bool:
             continue
         theirs = other.at(call.group, call.seq)
         if theirs is not None and theirs.finished and theirs.signature() == call.signature() \
-                and any(c.record_id > theirs.record_id and not c.p2p for c in other.calls):
+                and any(c.record_id > theirs.record_id for c in other.calls):
             return True
     return False
 
@@ -786,7 +982,7 @@ class ProgramOrder(_VotedOrder):
 
     def __init__(self, incident: Incident):
         self.incident = incident
-        super().__init__([self.key(c) for c in record.calls if not c.p2p]
+        super().__init__([self.key(c) for c in record.calls]
                          for record in incident.ranks.values() if record.dumped)
 
     def key(self, call: Call) -> tuple:

@@ -45,6 +45,9 @@ CASES = {
     # only rank 5 could dump: the others hang in gloo's group construction, which holds the GIL
     "skip_group_creation": ([0, 1, 2, 3, 4, 6, 7], DEAD),
     "nccl_skip_on_mesh_dim": ([5], SKIPPED),
+    # NCCL records no entry while a communicator is set up: ranks 4, 6, 7 show no call after the first, and the
+    # rank that went past the tp call they stopped before is the cause, not the three of them
+    "nccl_skip_group_creation": ([5], SKIPPED),
     "nccl_size_mismatch_timeout": ([6], MISMATCH),
     "nccl_pipeline_recv_skipped": ([3], SKIPPED),
     "nccl_ring_batch_straggler": ([2], STALLED),

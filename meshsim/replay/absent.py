@@ -1,4 +1,5 @@
-"""Where a rank without a dump was, from its peers' dumps: never simply "arrived", never simply "dead".
+"""Where the dumps do not show a rank, from its peers' dumps: a rank without a dump (never simply "arrived", never
+simply "dead"), and a rank held before its call's entry is written (unrecorded_holds).
 
 A missing file does not say the rank died: it may have exited, been killed, failed to write (gloo's group
 construction holds the GIL, so no Python thread of that rank can dump), or its file was lost on the way. What
@@ -20,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .incident import Call, Incident, ProgramOrder, _ranks_text
+from .incident import IN_FLIGHT, Call, Incident, ProgramOrder, _ranks_text
 
 
 @dataclass
@@ -184,3 +185,52 @@ def _text(incident: Incident, absent: Absent) -> str:
         return (f"rank {m} left no dump; {made}; like rank{'s' if len(absent.twins) > 1 else ''} "
                 f"{_ranks_text(absent.twins)}, which made as many calls, it is taken to be in no collective")
     return f"rank {m} left no dump (it died, exited, or could not write one, or the file was lost); {made}"
+
+
+def unrecorded_holds(incident: Incident) -> dict[int, Call]:
+    """Ranks in no collective whose next call in the program is on a group where a member went past that very
+    call: they wait for that member where Flight Recorder records nothing, before the call's entry (a group's
+    creation: new_group, init_device_mesh, split_group; or NCCL setting its communicator up at its first
+    collective). Each is taken to be held in that call, so that the one rule sees whom it waits for."""
+    sequences = {r: [order_key(incident, c) for c in rec.calls] for r, rec in incident.ranks.items() if rec.dumped}
+    order = ProgramOrder(incident)
+    out: dict[int, Call] = {}
+    for rank, record in incident.ranks.items():
+        if not record.dumped or record.held is not None:
+            continue
+        following = _next_in_program(sequences, rank)
+        group = next((g for g in incident.groups_of(rank) if following is not None
+                      and incident.role(g.key) == following[0]), None)
+        if following is None or group is None or record.issued(group.key) != following[1] - 1:
+            continue
+        if any(_went_past(incident, order, m, group.key, following[1]) for m in group.ranks
+               if m != rank and incident.ranks[m].dumped):
+            like = next(c for rec in incident.ranks.values() for c in rec.calls if order_key(incident, c) == following)
+            out[rank] = Call(rank, group.key, following[1], like.op, like.in_sizes, like.out_sizes, like.in_dtypes,
+                             like.out_dtypes, IN_FLIGHT, "unrecorded", like.site, -1, 0, like.ops, like.p2p)
+    return out
+
+
+def order_key(incident: Incident, call: Call) -> tuple:
+    return (incident.role(call.group), call.seq)
+
+
+def _next_in_program(sequences: dict[int, list[tuple]], rank: int) -> tuple | None:
+    """The call that follows the rank's last one in most ranks' sequences."""
+    mine = sequences.get(rank) or []
+    if not mine:
+        return None
+    votes = Counter(seq[seq.index(mine[-1]) + 1] for r, seq in sequences.items()
+                    if r != rank and mine[-1] in seq[:-1])
+    ranked = votes.most_common(2)
+    return ranked[0][0] if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]) else None
+
+
+def _went_past(incident: Incident, order: Any, m: int, group: str, seq: int) -> Call | None:
+    """m's call that the program makes after call #seq of `group`, where m never made #seq."""
+    record = incident.ranks[m]
+    count = record.issued(group)
+    if count is None or count >= seq:
+        return None
+    wanted = (incident.role(group), seq)
+    return next((c for c in record.calls if order.precedes(wanted, order.key(c))), None)

@@ -58,6 +58,7 @@ class Analysis:
     mismatches: list[str]  # collectives that completed although their members' calls differed
     summary: str = ""
     notes: list[str] = field(default_factory=list)
+    culprits_at: dict[int, str] = field(default_factory=dict)  # each culprit's last recorded call, and where
 
     @property
     def headline(self) -> Cause | None:
@@ -65,6 +66,7 @@ class Analysis:
 
     def to_json(self, incident: Incident) -> dict:
         return {"kind": self.kind, "culprit_ranks": self.culprits, "summary": self.summary,
+                "culprits_at": {str(r): t for r, t in sorted(self.culprits_at.items())},
                 "causes": [c.to_json() for c in self.causes],
                 "waiting": [w.to_json(incident) for w in self.waits],
                 "victims": {str(r): t for r, t in sorted(self.victims.items())},
@@ -78,16 +80,50 @@ def analyze(incident: Incident) -> Analysis:
 
     found = blame(to_record(incident))
     seen: dict[tuple, tuple[list[int], list[int]]] = {}  # ranks waiting in one call share who they wait for
-    waits = [_wait(incident, rank, record.held, seen) for rank, record in incident.ranks.items()
-             if record.dumped and record.held is not None]
+    waits = [_wait(incident, rank, held, seen) for rank, record in incident.ranks.items()
+             if record.dumped and (held := record.held or incident.unrecorded.get(rank)) is not None]
     causes = [_absent_cause(incident, c) for c in found.causes]  # seq: Flight Recorder's collective_seq_id
+    culprits = found.culprits
     kind = causes[0].kind if causes else found.kind if found.culprits else \
         (UNKNOWN if waits else "no hang in the dumps")
     mismatches, partners = _completed_mismatches(incident, {c.rank: c for c in causes})
-    victims = _victims(incident, waits, found.culprits, partners)
-    analysis = Analysis(kind, found.culprits, causes, waits, victims, mismatches, notes=list(incident.notes))
+    victims = _victims(incident, waits, culprits, partners)
+    analysis = Analysis(kind, culprits, causes, waits, victims, mismatches, notes=list(incident.notes))
+    analysis.culprits_at = {r: _last_seen(incident, r) for r in culprits}
+    analysis.notes += _stopped_together(incident, analysis)
     analysis.summary = _summary(incident, analysis)
     return analysis
+
+
+def _last_seen(incident: Incident, rank: int) -> str:
+    """Where the dumps last see a rank: the call it is held in, else its last recorded call."""
+    record = incident.ranks[rank]
+    if not record.dumped:
+        return incident.absent[rank].text if rank in incident.absent else "left no dump"
+    if record.held is not None:
+        return f"held in {record.held.describe(incident.groups)} ({record.held.state})"
+    if rank in incident.unrecorded:
+        return f"held before {incident.unrecorded[rank].describe(incident.groups)}, whose entry is not written yet"
+    if record.calls:
+        return f"in no collective; its last recorded call: {record.calls[-1].describe(incident.groups)}"
+    return "in no collective, and its dump records no call"
+
+
+def _stopped_together(incident: Incident, analysis: Analysis) -> list[str]:
+    """Ranks that each stalled are rarely many, and rarely at one place: several ranks outside any recorded call,
+    right after the same call, are more likely held together in a call Flight Recorder does not record, which
+    the ranks that went on past that place did not make."""
+    stalled = [c.rank for c in analysis.causes if c.kind == STALLED]
+    lasts = {incident.ranks[r].calls[-1].site if incident.ranks[r].calls else None for r in stalled}
+    if len(stalled) < 2 or len(lasts) != 1 or None in lasts:
+        return []
+    (site,) = lasts
+    ahead = sorted({w.rank for w in analysis.waits if w.call.site != site})
+    went_on = f"; rank{'s' if len(ahead) > 1 else ''} {_ranks_text(ahead)} went on without them" if ahead else ""
+    return [f"ranks {_ranks_text(stalled)} all stopped outside any recorded collective right after the call at "
+            f"{site}: rather than {len(stalled)} ranks stalling at one place, they may be held together in what "
+            f"Flight Recorder does not record (group creation: new_group, init_device_mesh, split_group; a store "
+            f"barrier; gloo's point-to-point calls){went_on}, which would make the rank that skipped it the cause"]
 
 
 def _absent_cause(incident: Incident, cause: Any) -> Cause:
@@ -227,6 +263,9 @@ def to_record(incident: Incident, analysis: Analysis | None = None, deadline: fl
         # (NCCL: a call enqueued behind the one the rank is held in has not started)
         calls = [c for c in record.calls if id(c) not in queued]
         held = record.held
+        if held is None and rank in incident.unrecorded:
+            held = incident.unrecorded[rank]
+            calls.append(held)
         if absent is not None:
             calls, held = absent.proven + ([absent.held] if absent.held is not None else []), absent.held
         for call in calls:
@@ -285,6 +324,8 @@ def _stack_text(incident: Incident, rank: int, call: Call) -> str:
     """The held call's frames as Python prints a stack, so meshsim's report groups ranks by them."""
     if call.fr_state == "inferred":
         return f"no dump: taken to wait in {call.op} as the ranks that made as many calls do"
+    if call.fr_state == "unrecorded":
+        return f"no entry yet: taken to wait before {call.op}'s entry (group creation or communicator set-up)"
     lines = [f"Flight Recorder stack of {call.op} (most recent call first):"]
     lines += [f'  File "{filename}", line {line} in {name}' for name, filename, line in call.frames]
     return "\n".join(lines)

@@ -185,6 +185,8 @@ def _print(report: dict) -> None:
         print(f"  mesh {tuple(m['shape'])} dims {m['names']}")
     print()
     _render_judged(report["judged"])
+    for rank, text in sorted(d["culprits_at"].items(), key=lambda kv: int(kv[0])):
+        print(f"  rank {rank} (culprit): {text}")
     for rank, text in sorted(d["victims"].items(), key=lambda kv: int(kv[0])):
         print(f"  rank {rank}: {text}")
     for text in d["completed_mismatched"]:

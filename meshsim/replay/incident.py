@@ -213,6 +213,7 @@ class Incident:
     notes: list[str] = field(default_factory=list)
     absent: dict[int, Any] = field(default_factory=dict)  # rank without a dump -> meshsim.replay.absent.Absent
     siblings: dict[str, str] = field(default_factory=dict)  # group -> the first of the groups it plays a part with
+    unrecorded: dict[int, Call] = field(default_factory=dict)  # rank -> the call it is held in before its entry
 
     @property
     def missing(self) -> list[int]:
@@ -303,10 +304,16 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
     _one_job(incident)
     _settle_gloo_states(incident)
     _older_dumps(incident)
-    from .absent import infer  # (it reads the incident this module builds)
+    from .absent import infer, unrecorded_holds  # (they read the incident this module builds)
 
     incident.absent = infer(incident)
     incident.notes += [absent.text for absent in incident.absent.values()]
+    incident.unrecorded = unrecorded_holds(incident)
+    for rank, call in incident.unrecorded.items():
+        incident.notes.append(f"rank {rank}'s dump records no call after its last one, but its next call in the "
+                              f"program is {call.describe(incident.groups)}, which a member went past without "
+                              f"making: it is taken to wait there, before Flight Recorder writes the call's entry "
+                              f"(in the group's creation, or its communicator's set-up)")
     return incident
 
 

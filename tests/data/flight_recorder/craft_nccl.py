@@ -245,7 +245,26 @@ def nccl_ring_batch_straggler(out):
         rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
 
 
-CASES = {"nccl_skip_on_mesh_dim": nccl_skip_on_mesh_dim, "nccl_size_mismatch_timeout": nccl_size_mismatch_timeout,
+def nccl_skip_group_creation(out):
+    """skip_group_creation as NCCL records it: rank 5 skips init_device_mesh (2 x 4, dp and tp, made with new_group:
+    sequential names, and NCCL sets a communicator up at its first collective) and goes on to the default group's
+    second all_reduce. Ranks 0-3 made their tp all_reduce and wait in that second all_reduce; ranks 4, 6 and 7 are
+    held setting up the tp communicator with rank 5, before any entry is recorded: their dumps show the first
+    all_reduce and nothing after it. Rank 5 made no group, so its pg_config has the default group only."""
+    mesh = [("mesh_dp", [c, 4 + c]) for c in range(4)] + [("mesh_tp", [0, 1, 2, 3]), ("mesh_tp", [4, 5, 6, 7])]
+    groups = new_groups(8, mesh)
+    groups[5] = {"0": groups[5]["0"]}
+    for r in range(8):
+        rank = Rank(r, groups[r])
+        rank.call("0", "all_reduce", [[4]], [[4]], "completed", 20)
+        if r < 4:
+            rank.call("5", "all_reduce", [[4]], [[4]], "completed", 23)
+        if r < 4 or r == 5:
+            rank.call("0", "all_reduce", [[4]], [[4]], "started", 24)
+        rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
+
+
+CASES = {"nccl_skip_on_mesh_dim": nccl_skip_on_mesh_dim, "nccl_skip_group_creation": nccl_skip_group_creation, "nccl_size_mismatch_timeout": nccl_size_mismatch_timeout,
          "nccl_pipeline_recv_skipped": nccl_pipeline_recv_skipped, "nccl_ring_batch_straggler": nccl_ring_batch_straggler}
 
 if __name__ == "__main__":

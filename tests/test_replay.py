@@ -396,16 +396,26 @@ def test_torchs_analyzer_is_compared_on_its_culprits_and_kinds_within_a_time_bud
     assert text.startswith("agree on the culprits [2]") and "COLLECTIVE_TYPE_MISMATCH" in text
 
 
+def _fixed(data: dict) -> dict:
+    """The fix a user tries: every rank makes every call (no skip_on / only_on), and no rank stalls or exits."""
+    steps = [{k: v for k, v in s.items() if k not in ("skip_on", "only_on")} for s in data["step"]
+             if s["op"] not in ("sleep", "exit")]
+    return dict(data, step=steps, expect={"outcome": "pass"})
+
+
 @pytest.mark.parametrize("case", sorted(REPLAYED))
-def test_every_replay_ends_as_its_dumps_say_on_the_process_tier(case, meshsim_cluster):
-    from meshsim.scenario import judge_scenario
+def test_every_replay_ends_as_its_dumps_say_and_the_fix_makes_it_finish(case, meshsim_cluster):
+    from meshsim.scenario import judge_scenario, parse
 
     inc = incident(case)
-    scenario = to_scenario(inc, analyze(inc), deadline=3).scenario()
+    replay = to_scenario(inc, analyze(inc), deadline=3)
+    scenario = replay.scenario()
     assert scenario.topology.world == meshsim_cluster.world
     result = meshsim_cluster.run(scenario.plan, deadline=scenario.deadline)
     verdict = judge_scenario(scenario, result)
     assert result.outcome == REPLAYED[case] and verdict.matched, verdict.problems
+    fixed = parse(_fixed(replay.data))
+    assert meshsim_cluster.run(fixed.plan, deadline=fixed.deadline).outcome == "pass"
 
 
 def test_a_rank_whose_dump_is_lost_replays_as_its_twins_and_the_hang_shows_as_in_the_job(meshsim_cluster, tmp_path):
@@ -419,16 +429,14 @@ def test_a_rank_whose_dump_is_lost_replays_as_its_twins_and_the_hang_shows_as_in
     assert judge_scenario(scenario, result).matched and result.diagnosis.culprits == [5]
 
 
-def test_the_replay_hangs_where_the_job_hung_and_the_fix_makes_it_finish(meshsim_cluster):
+@pytest.mark.meshsim(topology="2x2")
+def test_a_skipped_receive_replays_as_a_pair_that_waits_and_the_fix_makes_it_finish(meshsim):
     from meshsim.scenario import judge_scenario, parse
 
-    inc = incident("skip_on_mesh_dim")
+    inc = incident("nccl_pipeline_recv_skipped")
     replay = to_scenario(inc, analyze(inc), deadline=3)
     scenario = replay.scenario()
-    assert scenario.topology.world == meshsim_cluster.world
-    result = meshsim_cluster.run(scenario.plan, deadline=scenario.deadline)
-    assert judge_scenario(scenario, result).matched, result.diagnosis and result.diagnosis.summary
-    fixed = dict(replay.data, step=[{k: v for k, v in s.items() if k != "skip_on"} for s in replay.data["step"]])
-    fixed["expect"] = {"outcome": "pass"}
-    again = parse(fixed)
-    assert meshsim_cluster.run(again.plan, deadline=again.deadline).outcome == "pass"
+    result = meshsim.run(scenario.plan, deadline=scenario.deadline)
+    assert judge_scenario(scenario, result).matched and result.diagnosis.culprits == [3]
+    fixed = parse(_fixed(replay.data))
+    assert meshsim.run(fixed.plan, deadline=fixed.deadline).outcome == "pass"

@@ -73,7 +73,11 @@ def main(args: argparse.Namespace) -> int:
     if tier == "auto":
         from ..spec.tiers import TIERS as CAPABILITIES
 
-        tier = "process" if incident.world <= CAPABILITIES["process"].max_world else "thread"
+        tier = next((t for t in ("process", "thread") if incident.world <= CAPABILITIES[t].max_world), "none")
+        if tier == "none":  # a diagnosis and a scenario, stated as such: no tier here holds the world
+            why_not = (f"{incident.world} ranks are more than the thread tier's {CAPABILITIES['thread'].max_world} "
+                       f"here; the diagnosis is from the dumps alone (replay it on a larger machine with --tier "
+                       f"thread, or edit the scenario to a smaller world)")
     if tier != "none":
         run, why_not = _run(scenario, tier)
         if why_not is not None and run is None and why_not.startswith("!"):

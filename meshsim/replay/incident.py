@@ -167,6 +167,7 @@ class Group:
     source: str  # how the members are known: pg_config, mesh, calls, calls+pg_id
     mesh: int | None = None  # index in Incident.meshes
     dim: str | None = None
+    route: tuple[int, int] | None = None  # a point-to-point group's (sender, receiver)
 
     @property
     def complete(self) -> bool:
@@ -174,8 +175,8 @@ class Group:
 
     def describe(self) -> str:
         members = _ranks_text(self.ranks)
-        if self.source == P2P:
-            return f"point-to-point {self.ranks[0]}<->{self.ranks[1]} of group {self.name}"
+        if self.route is not None:
+            return f"point-to-point {self.route[0]}->{self.route[1]} of group {self.name}"
         if self.dim is not None:
             return f"mesh dim {self.dim!r} group {members}"
         if self.desc == WORLD_DESC:
@@ -301,6 +302,7 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
                         dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
                         [d.rank for d in dumps], notes)
     incident.siblings = _siblings(incident)
+    _lines_from_peers(incident)
     _one_job(incident)
     _settle_gloo_states(incident)
     _older_dumps(incident)
@@ -502,10 +504,10 @@ def _dtypes(value: Any) -> tuple[str, ...]:
 
 
 def _pair_p2p(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
-    """Point-to-point calls as calls on the group of their two ranks: NCCL matches a rank's k-th send to a peer
-    with that peer's k-th receive from it, so each pair counts its own calls, and a rank held in a send waits
-    for its peer as a rank held in a collective waits for the group's members. The ops of a batch
-    (batch_isend_irecv: one p2p_seq_id, closed by a "coalesced" entry) are one call a peer."""
+    """Point-to-point calls as calls on a group of their two ranks, one a direction: NCCL matches a rank's k-th
+    send to a peer with that peer's k-th receive from it, so each route counts its own calls, and a rank held in
+    a send waits for its peer as a rank held in a collective waits for the group's members. The ops of a batch
+    (batch_isend_irecv: one p2p_seq_id, closed by a "coalesced" entry) are one call a route."""
     pairs: dict[tuple[str, int, int], str] = {}
     for record in ranks.values():
         counts: Counter = Counter()
@@ -520,15 +522,15 @@ def _pair_p2p(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
                 peer = _p2p_peer(text, members)
                 if peer is None:
                     continue  # a marker, or a peer outside what the group's members say
-                a, b = sorted((record.rank, peer))
-                key = pairs.setdefault((call.group, a, b), f"{groups[call.group].name}:{a}<->{b}")
+                a, b = (record.rank, peer) if text.startswith("send") else (peer, record.rank)
+                key = pairs.setdefault((call.group, a, b), f"{groups[call.group].name}:{a}->{b}")
                 counts[key] += 1
                 sizes = call.in_sizes[index:index + 1] if len(call.in_sizes) == len(ops) else call.in_sizes
                 calls.append(_replace(call, group=key, seq=counts[key], op=text.split(" ")[0], ops=(), peer=text,
                                       in_sizes=sizes, out_sizes=sizes))
         record.set_calls(calls)
     for (group, a, b), key in pairs.items():
-        groups[key] = Group(key, groups[group].name, groups[group].desc, (a, b), P2P)
+        groups[key] = Group(key, groups[group].name, groups[group].desc, tuple(sorted((a, b))), P2P, route=(a, b))
     _settle_batches(groups, ranks)
 
 
@@ -863,6 +865,27 @@ def _siblings(incident: Incident) -> dict[str, str]:
                 at.setdefault((c.site, c.op), set()).add(c.group)
     members = {key: frozenset(g.ranks) for key, g in incident.groups.items()}
     return {group: part[1] for group, part in sibling_parts(at, members).items()}
+
+
+def _lines_from_peers(incident: Incident) -> None:
+    """A dump written without stack traces says no line: its calls take the line the other ranks made the same
+    call from (same part of the program, same count, same op), so that the replay keeps them one step."""
+    lines: dict[tuple, Counter] = {}
+    for record in incident.ranks.values():
+        for c in record.calls:
+            if c.site is not None:
+                lines.setdefault((incident.role(c.group), c.seq, c.op), Counter())[c.site] += 1
+    filled = set()
+    for record in incident.ranks.values():
+        for index, c in enumerate(record.calls):
+            votes = lines.get((incident.role(c.group), c.seq, c.op)) if c.site is None else None
+            if votes:
+                record.replace(index, _replace(c, site=votes.most_common(1)[0][0]))
+                filled.add(record.rank)
+    if filled:
+        incident.notes.append(f"the dump{'s' if len(filled) > 1 else ''} of rank{'s' if len(filled) > 1 else ''} "
+                              f"{_ranks_text(filled)} hold no stack frames: {'their' if len(filled) > 1 else 'its'} "
+                              f"calls' lines are those the other ranks made the same calls from")
 
 
 def _one_job(incident: Incident) -> None:

@@ -2,15 +2,18 @@
 
 A hang is reproduced by the per-group sequence of blocking calls and by which ranks make which, so the plan
 is a common supersequence of the ranks' recorded calls: a step is one call (op, group, size, the line that
-made it), and only_on / skip_on say which ranks made it. Each rank runs exactly its own recorded sequence,
-so the replay hangs where the job hung, and removing a rank's divergence (a skip_on, an only_on step, a
-sleep) is the fix to try. A rank without a dump makes the calls its peers completed with it, then exits; a
-rank that stalled outside any collective sleeps past the deadline after its last call.
+made it), and only_on / skip_on say which ranks made it; groups that one line calls on with no rank in common
+are one step, each rank on its own group (on_rank). Each rank runs exactly its own recorded sequence, so the
+replay hangs where the job hung, and removing a rank's divergence (a skip_on, an only_on step, a sleep) is the
+fix to try. A rank without a dump that is gone makes the calls its peers completed with it, then exits; one
+that is placed elsewhere (meshsim.replay.absent) makes the calls its peers prove it made, then goes on with
+the program; a rank that stalled outside any collective sleeps past the deadline after its last call.
 
 Flight Recorder does not record everything a plan op needs; what is replaced is said in the description:
 roots of broadcast and scatter (src 0), all_gather's sizes (the plan's all_gather has none), ops the plan
-language lacks (replayed as the nearest blocking call on the same group), point-to-point ops (left out),
-and sizes beyond what a replay needs (large tensors keep their equalities, not their sizes).
+language lacks (replayed as the nearest blocking call on the same group), point-to-point calls (a barrier of
+the two ranks on a group of their own), and sizes beyond what a replay needs (large tensors keep their
+equalities, not their sizes).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from .analyze import DEAD, MISMATCH, STALLED, Analysis
 from .incident import (
     COMPLETED,
+    P2P,
     RETIRED,
     UNSEEN,
     WORLD_DESC,
@@ -205,6 +209,8 @@ def _token(incident: Incident, call: Call, replaced: dict, sizes: _SizeMap) -> t
     op, numel_from, note = OPS.get(call.op, ("barrier", None, fallback))
     if note:
         replaced[note] = None
+    if call.p2p:  # a send and its receive come from different lines, and are one step: the route's k-th exchange
+        return (incident.role(call.group), op, None, P2P)
     numel = None
     if numel_from == "in":
         numel = sizes(call.in_numel)
@@ -284,9 +290,9 @@ def _step_table(incident: Incident, step: Step, handles: dict, sizes: _SizeMap) 
         first = own[min(step.ranks & eligible)] if step.ranks & eligible else part[0].key
         table["group"] = handles[("group", first)]
         # groups one line calls on with no rank in common: each rank makes the call on its own (one step, as one
-        # line of the job's code, so that the judge sees one part of the program)
-        overrides = {str(r): {"group": handles[("group", own[r])]} for r in sorted(step.ranks & eligible)
-                     if own[r] != first}
+        # line of the job's code, so that the judge sees one part of the program); every member says which, so
+        # that dropping a skip_on makes a skipping rank make the call on its own group
+        overrides = {str(r): {"group": handles[("group", own[r])]} for r in sorted(eligible) if own[r] != first}
         if overrides:
             table["on_rank"] = overrides
     if numel is not None:

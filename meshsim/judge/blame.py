@@ -229,7 +229,9 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
                     causes[m] = cause
             else:
                 upstream.setdefault(rank, set()).add(m)
-    for call in sorted(held.values(), key=lambda c: (c.group, c.seq, c.kind, c.ranks)):  # (sites: int or str)
+    # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
+    distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
+    for call in (distinct[k] for k in sorted(distinct)):
         skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq is not None
                              and c.seq <= call.seq for c in causes.values())
         if not skipped_before:

@@ -944,9 +944,10 @@ def _settle_gloo_states(incident: Incident) -> None:
     gloo retires a call whether it completed or raised. An exception in a collective ends the rank's work (the
     calls after it are not made), so a retired call that is the rank's last, and that a member never issued or
     still waits in, raised."""
+    went_on: dict[tuple, bool] = {}  # (group, seq, signature) -> a member finished it and went on
     for record in incident.ranks.values():
         last = _last_call(record)
-        if last is not None and last.state == IN_FLIGHT and _finished_elsewhere(incident, last):
+        if last is not None and last.state == IN_FLIGHT and _finished_elsewhere(incident, last, went_on):
             record.replace(record.calls.index(last), _replace(last, state=RETIRED if last.fr_state == "scheduled"
                                                                 and incident.backend == "gloo" else COMPLETED))
             incident.notes.append(f"rank {record.rank}'s dump shows {last.describe(incident.groups)} in flight, "
@@ -987,17 +988,21 @@ def _last_call(record: RankRecord) -> Call | None:
     return record.calls[-1] if record.calls else None
 
 
-def _finished_elsewhere(incident: Incident, call: Call) -> bool:
+def _finished_elsewhere(incident: Incident, call: Call, seen: dict[tuple, bool]) -> bool:
     """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls."""
-    for m in incident.groups[call.group].ranks:
-        other = incident.ranks.get(m)
-        if other is None or not other.dumped or m == call.rank:
-            continue
-        theirs = other.at(call.group, call.seq)
-        if theirs is not None and theirs.finished and theirs.signature() == call.signature() \
-                and any(c.record_id > theirs.record_id for c in other.calls):
-            return True
-    return False
+    key = (call.group, call.seq, call.signature())
+    if key not in seen:
+        seen[key] = False
+        for m in incident.groups[call.group].ranks:
+            other = incident.ranks.get(m)
+            if other is None or not other.dumped:
+                continue
+            theirs = other.at(call.group, call.seq)
+            if theirs is not None and theirs.finished and theirs.signature() == key[2] \
+                    and other.calls[-1].record_id > theirs.record_id:  # (calls are in record_id order)
+                seen[key] = True
+                break
+    return seen[key]
 
 
 def _replace(call: Call, **changes: Any) -> Call:

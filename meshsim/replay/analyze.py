@@ -148,6 +148,9 @@ def _absent(incident: Incident, call: Call) -> tuple[list[int], list[int]]:
     missing, mismatched = [], []
     for m in incident.groups[call.group].ranks:
         other = incident.ranks[m]
+        placed = incident.unrecorded.get(m)
+        if placed is not None and (placed.group, placed.seq) == (call.group, call.seq):
+            continue  # held in it before its entry is written
         count = other.issued(call.group)
         theirs = other.at(call.group, call.seq)
         queued = theirs is not None and not theirs.finished and other.held is not None and other.held is not theirs

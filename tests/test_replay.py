@@ -19,7 +19,8 @@ import pytest
 
 from meshsim.replay.analyze import DEAD, MISMATCH, REORDERED, SKIPPED, STALLED, analyze, to_record
 from meshsim.replay.dumps import ReplayError, read_dir
-from meshsim.replay.incident import FAILED, P2P, build
+from meshsim.replay.incident import build
+from meshsim.replay.records import FAILED, P2P
 from meshsim.replay.to_scenario import to_scenario
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "flight_recorder")

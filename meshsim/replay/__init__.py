@@ -15,7 +15,8 @@ the incident as a meshsim scenario that `meshsim run` replays (docs/replay.md).
 from .analyze import Analysis, analyze, to_record
 from .cli import add_arguments, main
 from .dumps import ReplayError, read_dir
-from .incident import Incident, build
+from .incident import build
+from .records import Incident
 from .to_scenario import to_scenario
 from .torch_analyzer import run_torch
 

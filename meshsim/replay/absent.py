@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .incident import IN_FLIGHT, Call, Incident, ProgramOrder, _ranks_text
+from .records import IN_FLIGHT, Call, Incident, ProgramOrder, _ranks_text
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judge.blame import KINDS
-from .incident import FAILED, TIMED_OUT, Call, Incident, _ranks_text
+from .records import FAILED, TIMED_OUT, Call, Incident, _ranks_text
 
 DEAD, STALLED, SKIPPED = KINDS["dead"], KINDS["straggler"], KINDS["skipped"]
 MISMATCH, REORDERED, UNKNOWN = KINDS["mismatched"], KINDS["reordered"], KINDS["unknown"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .analyze import DEAD, MISMATCH, STALLED, Analysis
-from .incident import (
+from .records import (
     COMPLETED,
     P2P,
     RETIRED,

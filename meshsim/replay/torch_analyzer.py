@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .incident import Incident
+from .records import Incident
 
 
 @dataclass

@@ -201,15 +201,17 @@ def _script_errors(verdict: Any, console: Console) -> None:
 def failure_lines(verdict: Any) -> list[str]:
     """A script's failures, one line each, identical ones merged by rank: "ranks 4-7: RuntimeError: CUDA error:
     invalid device ordinal at 2d_setup.py:13", "rank 1: exited with code 3", "rank 2: died (signal 9)"."""
-    return [f"{_ranks_said(ranks)}: {key}" for ranks, key, _ in grouped_tracebacks(verdict)] + \
-        _silent_failures(verdict)
+    lines = [(ranks, f"{_ranks_said(ranks)}: {key}") for ranks, key, _ in grouped_tracebacks(verdict)]
+    lines += _silent_failures(verdict, with_ranks=True)
+    culprits = set(verdict.culprits)  # the cause first: a peer that failed because of it comes after
+    return [line for _, line in sorted(lines, key=lambda item: (not culprits & set(item[0]), item[0]))]
 
 
 def _ranks_said(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
 
 
-def _silent_failures(verdict: Any) -> list[str]:
+def _silent_failures(verdict: Any, with_ranks: bool = False) -> list[Any]:
     """Ranks that failed without an exception: a non-zero exit code of their choosing, or death by a signal."""
     from .wire import DIED, RAISED
 
@@ -220,7 +222,8 @@ def _silent_failures(verdict: Any) -> list[str]:
         elif state.end == DIED:
             how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"
             ends.setdefault(f"died ({how}, no exception)", []).append(state.rank)
-    return [f"{_ranks_said(ranks)}: {end}" for end, ranks in ends.items()]
+    lines = [(ranks, f"{_ranks_said(ranks)}: {end}") for end, ranks in ends.items()]
+    return lines if with_ranks else [line for _, line in lines]
 
 
 def _where_in_script(verdict: Any, console: Console) -> None:

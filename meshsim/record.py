@@ -169,6 +169,7 @@ def _script_end(done: Any) -> str:
     code it chose."""
     if not isinstance(done, ScriptDone):
         return "exited non-zero (or raised) in the script"
-    if done.error:
+    if done.error and done.traceback:
         return f"raised {done.error}" + (f" at {done.site}" if done.site else " in the script")
-    return f"exited with code {done.exit_code}"
+    return f"exited with code {done.exit_code}" + (f": {done.error}" if done.error else "") + \
+        (f" at {done.site}" if done.site else "")

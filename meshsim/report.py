@@ -212,17 +212,22 @@ def _ranks_said(ranks: list[int]) -> str:
 
 
 def _silent_failures(verdict: Any, with_ranks: bool = False) -> list[Any]:
-    """Ranks that failed without an exception: a non-zero exit code of their choosing, or death by a signal."""
+    """Ranks that failed without an exception: a non-zero exit code of their choosing (sys.exit's message with
+    it), or death by a signal. Exits that differ only in numbers (a rank in sys.exit's message) are one."""
     from .wire import DIED, RAISED
 
-    ends: dict[str, list[int]] = {}
+    ends: dict[str, tuple[list[int], str]] = {}
     for state, code in zip(verdict.record.states, verdict.exit_codes):
         if state.end == RAISED and state.value is not None and not state.value.traceback:
-            ends.setdefault(f"exited with code {code}", []).append(state.rank)
-        elif state.end == DIED:
+            end = state.where  # "exited with code 3", with sys.exit's message and line
+            key = re.sub(r"\d+", "N", end)
+        elif state.end == DIED:  # (signal 9 and signal 11 are two ends)
             how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"
-            ends.setdefault(f"died ({how}, no exception)", []).append(state.rank)
-    lines = [(ranks, f"{_ranks_said(ranks)}: {end}") for end, ranks in ends.items()]
+            key = end = f"died ({how}, no exception)"
+        else:
+            continue
+        ends.setdefault(key, ([], end))[0].append(state.rank)
+    lines = [(ranks, f"{_ranks_said(ranks)}: {end}") for ranks, end in ends.values()]
     return lines if with_ranks else [line for _, line in lines]
 
 

@@ -248,7 +248,8 @@ def run_script(message: RunScript) -> ScriptDone:
         _SCRIPT_REMAINS.append(exc)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+            print(exc.code, file=sys.stderr)  # as python prints sys.exit("why") on its way out
+            error, site = f"sys.exit({exc.code!r})", _script_site(exc, message)
     except BaseException as exc:  # noqa: BLE001 -- the script's failure is the result
         _SCRIPT_REMAINS.append(exc)
         code, text = 1, "".join(traceback.format_exception(exc))

@@ -217,6 +217,14 @@ def test_the_failure_headline_is_the_errors_own_line_where_the_message_spans_lin
     assert f"rank 1: {headline}" in result.report()
 
 
+def test_ranks_that_fail_without_an_exception_are_named_with_their_exit_and_line_alike_ones_grouped():
+    result = launch(os.path.join(SCRIPTS, "exits_quietly.py"), Topology(1, 4), deadline=60)
+    assert result.outcome == "crash" and result.exit_codes[1:] == [1, 1, -9]
+    report = result.report()
+    assert "ranks 1-2: exited with code 1: sys.exit('no shard for rank 1') at exits_quietly.py:8" in report
+    assert "rank 3: died (killed by signal 9, no exception)" in report
+
+
 @pytest.mark.parametrize("make, line", [
     (lambda: ValueError("first\nsecond"), "ValueError: first"),
     (lambda: _noted(KeyError("k")), "KeyError: 'k'"),

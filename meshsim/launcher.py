@@ -71,9 +71,11 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     if topology.world > most:
         raise LaunchError(f"{topology} is {topology.world} ranks; meshsim launch runs a process per rank, at most "
                           f"{most} on one machine")
-    gpus = 1 if settings.virtual_local_rank else settings.gpus_per_host or topology.devices_per_host
-    if simulate_gpus is None:
-        simulate_gpus = _gpus() < max(topology.world, topology.hosts * gpus) or gpus != topology.devices_per_host
+    host_gpus = settings.gpus_per_host or topology.devices_per_host
+    if simulate_gpus is None:  # real GPUs serve a rank each, D a host
+        simulate_gpus = _gpus() < max(topology.world, topology.hosts * host_gpus) or \
+            host_gpus != topology.devices_per_host
+    gpus = 1 if settings.virtual_local_rank else host_gpus  # what a rank sees
     logs = RankLogs(topology, settings, log_dir, stream, errors if errors is not None else stream)
     flight = os.path.join(log_dir, "flight_recorder") if log_dir is not None else None
     with ProcessExecutor(topology, backend="gloo" if simulate_gpus else "nccl", deadline=deadline,

@@ -79,7 +79,7 @@ def _run(command: list[str], env_path: str) -> tuple[float, bool, str]:
     """(seconds, exit 0, rank 0's last line) of a command in a fresh working directory (torchrun shows rank 0's
     output alone, meshsim prefixes it "[rank0]:")."""
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-") as work:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, env_path]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, env_path]), TMPDIR=work)  # (torchrun's log dir)
         env.pop("OMP_NUM_THREADS", None)  # both launchers set it to 1 for several ranks a host
         started = time.monotonic()
         out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)

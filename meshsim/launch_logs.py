@@ -37,7 +37,6 @@ class RankLogs:
         self.torchrun_dir: str | None = None  # the base of torchrun's layout, once made
         self.specs: list[Any] = []  # a LogsSpecs a host, kept across attempts (one run directory each)
         self.routes: dict[tuple[int, str], tuple[bool, str | None, str | None]] = {}
-        self.wrote_files = False
         if log_dir is not None:
             os.makedirs(log_dir, exist_ok=True)
             for rank in range(topology.world):
@@ -97,6 +96,18 @@ class RankLogs:
             self.routes[(rank, stream)] = (shown, to_file, copy)
         self.routes[(rank, "output")] = self.routes[(rank, "stdout")]
 
+    def close(self) -> None:
+        """A temporary layout (no --log-dir) that holds no file is removed: torchrun would leave its empty
+        directories behind, a launch a time."""
+        import shutil
+
+        base = self.torchrun_dir
+        if base is None or self.log_dir is not None:
+            return
+        if not any(files for _, _, files in os.walk(base)):
+            shutil.rmtree(base, ignore_errors=True)
+            self.torchrun_dir = None
+
     # ------------------------------------------------------------------ the echo
 
     def __call__(self, rank: int, text: str, stream: str = "output") -> None:
@@ -105,7 +116,6 @@ class RankLogs:
         shown, to_file, copy = self.routes.get((rank, stream), (True, None, None))
         if to_file is not None:
             _append(to_file, text)
-            self.wrote_files = True
         key = (rank, stream)
         *lines, self.partial[key] = (self.partial.get(key, "") + text).split("\n")
         self._show(rank, stream, lines, shown, copy)

@@ -97,8 +97,9 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
                 notify(f"attempt {attempt} failed ({restart_reason(verdict)}); restarting every rank "
                        f"(restart {attempt + 1} of --max-restarts {settings.max_restarts})")
     verdict.attempts = earlier
-    if logs.wrote_files and logs.torchrun_dir is not None and log_dir is None:
-        verdict.record.notes.append(f"torchrun's log files (--redirects/--tee) are in {logs.torchrun_dir}")
+    logs.close()
+    if logs.torchrun_dir is not None and log_dir is None:
+        verdict.record.notes.append(f"torchrun's log files (--redirects/--tee, error.json) are in {logs.torchrun_dir}")
     if log_dir is not None and verdict.diagnosis is not None:
         from .report import save_picture
 

@@ -1,21 +1,26 @@
 """`meshsim launch` beside `torchrun --standalone` of the same scripts (imported by bench.py: the `launch` section).
 
-Each example script runs unchanged under `meshsim launch` on simulated hosts x GPUs, and under torchrun on this
-machine's CPU with gloo after a device edit (cpu_edit: "cuda" -> "cpu", "nccl" -> "gloo", no set_device, no DDP
-device ids), with the same number of ranks, in a fresh working directory each. Rounds alternate the two; tables
-show medians. Per-step time is (time of many steps - time of few steps) / (many - few), for scripts that take a
-step count. The hang row times a script that prints first and then hangs: from its first line to the verdict.
+Each example script runs unchanged under `meshsim launch` (simulated hosts x GPUs, its own torchrun flags), and
+its CPU twin runs under `torchrun --standalone` with the same number of ranks on this machine's CPU with gloo. The
+twin is a copy of the script's directory with the device edited: the public scripts carry their own edits
+(tests/launch_scripts/public/SOURCES.toml, [[run.cpu_edit]]), the recipe's and meshsim's own get cpu_edit's
+("cuda" -> "cpu", "nccl" -> "gloo", no set_device, no DDP device ids). Every run has a fresh working directory.
+Rounds alternate the two; tables show medians. Per-step time is (time of many steps - time of few steps) /
+(many - few), for scripts that take a step (or epoch) count. The hang row times a script that prints first and
+then hangs: from its first line to the verdict with the diagnosis.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 
 from rich.table import Table
@@ -24,36 +29,51 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RECIPE = os.path.join(ROOT, "meshsim", "examples", "scripts")
 TESTS = os.path.join(ROOT, "tests", "launch_scripts")
+PUBLIC = os.path.join(TESTS, "public")
 GOAL = 1.2  # meshsim launch at most this many times torchrun's time
 
 
 @dataclass(frozen=True)
 class Example:
-    path: str
-    hosts: int
-    devices: int
+    name: str
+    path: str  # the script, run unchanged by meshsim launch
+    flags: tuple[str, ...]  # meshsim launch's flags (torchrun's)
     args: tuple[str, ...] = ()
-    steps: tuple[str, int, int] | None = None  # (argument template, few, many): per-step time from two runs
-    edit: tuple[tuple[str, str], ...] = ()  # what cpu_edit leaves to do for this script (text, replacement)
-
-    @property
-    def name(self) -> str:
-        return os.path.relpath(self.path, ROOT)
+    steps: tuple[int, int, int] | None = None  # (index in args, few, many): per-step time from two runs
+    edits: tuple[tuple[str, str, str], ...] = ()  # (file in the script's directory, old, new) for the CPU twin
+    generic_edit: bool = True  # apply CPU_EDIT to the script (public scripts carry their own edits instead)
 
     def argv(self, steps: int | None = None) -> list[str]:
-        return [a.format(steps=steps) for a in self.args] if steps is not None else list(self.args)
+        args = list(self.args)
+        if steps is not None and self.steps is not None:
+            args[self.steps[0]] = str(steps)
+        return args
+
+    @property
+    def world(self) -> int:
+        from meshsim.cli import build_parser
+        from meshsim.launch_options import request_of
+
+        return request_of(build_parser().parse_args(["launch", *self.flags, self.path])).topology.world
+
+
+def _ours(script: str, hosts: int, devices: int, *args: str, steps: tuple[int, int, int] | None = None,
+          edits: tuple[tuple[str, str, str], ...] = ()) -> Example:
+    return Example(os.path.relpath(script, ROOT), script, ("--nnodes", str(hosts), "--nproc-per-node", str(devices)),
+                   args, steps, edits)
 
 
 EXAMPLES = [
-    Example(os.path.join(RECIPE, "2d_setup.py"), 1, 8),
-    Example(os.path.join(RECIPE, "2d_setup_with_device_mesh.py"), 2, 4),
-    Example(os.path.join(RECIPE, "3d_custom_parallel.py"), 2, 4),
-    Example(os.path.join(RECIPE, "hsdp.py"), 2, 4, edit=(  # FSDP1 refuses the CPU unless told it is the device
-        ("HYBRID_SHARD\n", 'HYBRID_SHARD, device_id=__import__("torch").device("cpu")\n'),)),
-    Example(os.path.join(TESTS, "fsdp2_dtensor.py"), 2, 2),
-    Example(os.path.join(TESTS, "ddp_cuda.py"), 2, 2),
-    Example(os.path.join(HERE, "scripts", "ddp_steps.py"), 2, 4, ("--steps", "{steps}"), ("{steps}", 2, 22)),
+    _ours(os.path.join(RECIPE, "2d_setup.py"), 1, 8),
+    _ours(os.path.join(RECIPE, "2d_setup_with_device_mesh.py"), 2, 4),
+    _ours(os.path.join(RECIPE, "3d_custom_parallel.py"), 2, 4),
+    _ours(os.path.join(RECIPE, "hsdp.py"), 2, 4, edits=(  # FSDP1 refuses the CPU unless told it is the device
+        ("hsdp.py", "HYBRID_SHARD\n", 'HYBRID_SHARD, device_id=__import__("torch").device("cpu")\n'),)),
+    _ours(os.path.join(TESTS, "fsdp2_dtensor.py"), 2, 2),
+    _ours(os.path.join(TESTS, "ddp_cuda.py"), 2, 2),
+    _ours(os.path.join(HERE, "scripts", "ddp_steps.py"), 2, 4, "--steps", "2", steps=(1, 2, 22)),
 ]
+PUBLIC_STEPS = {"ddp-series-torchrun": (0, 1, 4)}  # total_epochs is the first argument
 
 CPU_EDIT = [  # a GPU script's device lines, as one edits them to run it under torchrun on a CPU
     (r"(?m)^(\s*)torch\.cuda\.set_device\(.*\)\s*$", r"\1pass"),
@@ -67,99 +87,120 @@ CPU_EDIT = [  # a GPU script's device lines, as one edits them to run it under t
 ]
 
 
-def cpu_edit(source: str, extra: tuple[tuple[str, str], ...] = ()) -> str:
+def cpu_edit(source: str) -> str:
     for pattern, replacement in CPU_EDIT:
         source = re.sub(pattern, replacement, source)
-    for text, replacement in extra:
-        source = source.replace(text, replacement)
     return source
 
 
-def _run(command: list[str], env_path: str) -> tuple[float, bool, str]:
+def public_examples(slow: bool = False) -> list[Example]:
+    """The vendored public scripts' runs that pass on real hardware and have a CPU twin (SOURCES.toml)."""
+    sources = os.path.join(PUBLIC, "SOURCES.toml")
+    if not os.path.exists(sources):
+        return []
+    with open(sources, "rb") as fh:
+        runs = tomllib.load(fh).get("run", [])
+    out = []
+    for run in runs:
+        if run.get("exit", 0) != 0 or not run.get("cpu_edit") or (run.get("slow") and not slow):
+            continue
+        script = os.path.join(PUBLIC, run["dir"], run["script"])
+        edits = tuple((e["file"], e["old"], e["new"]) for e in run["cpu_edit"])
+        out.append(Example(run["name"], script, tuple(run.get("flags", ())), tuple(run.get("args", ())),
+                           PUBLIC_STEPS.get(run["name"]), edits, generic_edit=False))
+    return out
+
+
+def cpu_twin(example: Example, into: str) -> str:
+    """A copy of the script's directory with its device edited; returns the twin script's path."""
+    source = os.path.dirname(example.path)
+    twin = os.path.join(into, re.sub(r"\W", "_", example.name))
+    shutil.copytree(source, twin, ignore=shutil.ignore_patterns("__pycache__", "public"))
+    script = os.path.join(twin, os.path.basename(example.path))
+    if example.generic_edit:
+        with open(script) as fh:
+            text = cpu_edit(fh.read())
+        with open(script, "w") as fh:
+            fh.write(text)
+    for name, old, new in example.edits:
+        path = os.path.join(twin, name)
+        with open(path) as fh:
+            text = fh.read()
+        if old not in text:
+            raise ValueError(f"{example.name}: the CPU edit of {name} no longer applies: {old!r}")
+        with open(path, "w") as fh:
+            fh.write(text.replace(old, new))
+    return script
+
+
+def _run(command: list[str]) -> tuple[float, bool, str]:
     """(seconds, exit 0, rank 0's last line) of a command in a fresh working directory (torchrun shows rank 0's
     output alone, meshsim prefixes it "[rank0]:")."""
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-") as work:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, env_path]), TMPDIR=work)  # (torchrun's log dir)
+        env = dict(os.environ, PYTHONPATH=ROOT, TMPDIR=work)  # (torchrun's log directory goes in it too)
         env.pop("OMP_NUM_THREADS", None)  # both launchers set it to 1 for several ranks a host
         started = time.monotonic()
         out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
         seconds = time.monotonic() - started
     lines = [line.removeprefix("[rank0]:") for line in out.stdout.splitlines()
              if line.startswith("[rank0]:") or not line.startswith("[rank")]
-    return seconds, out.returncode == 0, (lines[-1] if lines else "")
+    return seconds, out.returncode == 0, (lines[-1].strip() if lines else "")
 
 
-def _commands(example: Example, edited: str, steps: int | None) -> tuple[list[str], list[str]]:
-    ours = [sys.executable, "-m", "meshsim", "launch", "--nnodes", str(example.hosts), "--nproc-per-node",
-            str(example.devices), example.path, *example.argv(steps)]
-    theirs = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-              str(example.hosts * example.devices), "--local-ranks-filter", "0", edited, *example.argv(steps)]
-    return ours, theirs
-
-
-def _measure(example: Example, edited: str, rounds: int, steps: int | None = None) -> dict:
-    ours_cmd, theirs_cmd = _commands(example, edited, steps)
-    where = os.path.dirname(example.path)
+def _measure(example: Example, twin: str, rounds: int, steps: int | None = None) -> dict:
+    ours_cmd = [sys.executable, "-m", "meshsim", "launch", *example.flags, example.path, *example.argv(steps)]
+    theirs_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                  str(example.world), "--local-ranks-filter", "0", twin, *example.argv(steps)]
     ours, theirs, ok, same = [], [], [True, True], True
     for _ in range(rounds):
-        seconds, passed, ours_line = _run(ours_cmd, where)
+        seconds, passed, ours_line = _run(ours_cmd)
         ours.append(seconds)
         ok[0] &= passed
-        seconds, passed, theirs_line = _run(theirs_cmd, where)
+        seconds, passed, theirs_line = _run(theirs_cmd)
         theirs.append(seconds)
         ok[1] &= passed
         same &= ours_line == theirs_line
-    return {"ours": statistics.median(ours), "theirs": statistics.median(theirs), "ok": ok, "same": same,
-            "rounds": (ours, theirs)}
+    return {"ours": statistics.median(ours), "theirs": statistics.median(theirs), "ok": ok, "same": same}
 
 
 def _load() -> str:
-    return f"load {os.getloadavg()[0]:.1f}"
+    return f"{os.getloadavg()[0]:.1f}"
 
 
-def scripts_table(console, rounds: int) -> list[tuple[Example, str]]:
+def _ratio(ours: float, theirs: float) -> str:
+    ratio = ours / theirs if theirs > 0 else float("nan")
+    return f"[{'green' if ratio <= GOAL else 'red'}]{ratio:.2f}[/]"
+
+
+def scripts_table(console, examples: list[Example], rounds: int, twins: dict[str, str]) -> None:
     table = Table(title=f"Example scripts: whole-command wall time, median of {rounds} alternating rounds "
                         f"(goal: meshsim launch <= {GOAL}x torchrun)")
-    for col in ("script", "ranks", "torchrun --standalone, CPU edit (s)", "meshsim launch, unchanged (s)", "ratio",
-                "exit 0 (ours/torchrun)", "same rank-0 last line", "load"):
-        table.add_column(col, justify="right")
-    kept = []
-    with tempfile.TemporaryDirectory(prefix="meshsim-bench-cpu-") as edits:
-        for example in EXAMPLES:
-            if not os.path.exists(example.path):
-                table.add_row(example.name, "-", "-", "-", "-", "(not in this tree)", "-", "-")
-                continue
-            edited = os.path.join(edits, os.path.basename(example.path))
-            with open(example.path) as source, open(edited, "w") as out:
-                out.write(cpu_edit(source.read(), example.edit))
-            steps = example.steps[1] if example.steps else None
-            m = _measure(example, edited, rounds, steps)
-            ratio = m["ours"] / m["theirs"]
-            table.add_row(example.name, f"{example.hosts}x{example.devices}", f"{m['theirs']:.2f}", f"{m['ours']:.2f}",
-                          f"[{'green' if ratio <= GOAL else 'red'}]{ratio:.2f}[/]",
-                          f"{'yes' if m['ok'][0] else 'NO'}/{'yes' if m['ok'][1] else 'NO'}",
-                          "yes" if m["same"] else "no", _load())
-            if example.steps:
-                kept.append((example, edited))
-        console.print(table)
-        steps_table(console, kept, rounds)
-    return kept
+    for col in ("script", "flags (meshsim launch)", "ranks", "torchrun --standalone, CPU twin (s)",
+                "meshsim launch, unchanged (s)", "ratio", "exit 0 (ours/torchrun)", "same rank-0 last line",
+                "load (1 min)"):
+        table.add_column(col, justify="right", overflow="fold")
+    for example in examples:
+        steps = example.steps[1] if example.steps else None
+        m = _measure(example, twins[example.name], rounds, steps)
+        table.add_row(example.name, " ".join(example.flags), str(example.world), f"{m['theirs']:.2f}",
+                      f"{m['ours']:.2f}", _ratio(m["ours"], m["theirs"]),
+                      f"{'yes' if m['ok'][0] else 'NO'}/{'yes' if m['ok'][1] else 'NO'}", "yes" if m["same"] else "no",
+                      _load())
+    console.print(table)
 
 
-def steps_table(console, examples: list[tuple[Example, str]], rounds: int) -> None:
-    table = Table(title="Per-step time: (many steps - few steps) / (many - few), medians of the runs' wall times")
-    for col in ("script", "steps", "torchrun ms/step", "meshsim launch ms/step", "ratio", "load"):
+def steps_table(console, examples: list[Example], rounds: int, twins: dict[str, str]) -> None:
+    table = Table(title="Per-step time: (many steps - few steps) / (many - few), from medians of whole-run wall "
+                        "times")
+    for col in ("script", "steps", "torchrun ms/step", "meshsim launch ms/step", "ratio", "load (1 min)"):
         table.add_column(col, justify="right")
-    for example, edited in examples:
+    for example in examples:
         assert example.steps is not None
         _, few, many = example.steps
-        per = {}
-        low, high = _measure(example, edited, rounds, few), _measure(example, edited, rounds, many)
-        for side in ("ours", "theirs"):
-            per[side] = (high[side] - low[side]) / (many - few) * 1000
-        ratio = per["ours"] / per["theirs"] if per["theirs"] > 0 else float("nan")
+        low, high = (_measure(example, twins[example.name], rounds, n) for n in (few, many))
+        per = {side: (high[side] - low[side]) / (many - few) * 1000 for side in ("ours", "theirs")}
         table.add_row(example.name, f"{few} vs {many}", f"{per['theirs']:.1f}", f"{per['ours']:.1f}",
-                      f"[{'green' if ratio <= GOAL else 'red'}]{ratio:.2f}[/]", _load())
+                      _ratio(per["ours"], per["theirs"]), _load())
     console.print(table)
 
 
@@ -196,7 +237,7 @@ def hang_table(console, deadlines: tuple[float, ...] = (3.0, 10.0)) -> None:
 
     table = Table(title="A hung script (rank 5 skips a tp all_reduce) on 2x4: from its first line to the verdict "
                         "with the diagnosis (goal: <= deadline + 1 s)")
-    for col in ("deadline (s)", "diagnosed after (s)", "over the deadline (s)", "culprits", "load"):
+    for col in ("deadline (s)", "diagnosed after (s)", "over the deadline (s)", "culprits", "load (1 min)"):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-hang-") as work:
         script = os.path.join(work, "hang.py")
@@ -213,5 +254,10 @@ def hang_table(console, deadlines: tuple[float, ...] = (3.0, 10.0)) -> None:
 
 
 def launch_section(console, rounds: int = 3) -> None:
-    scripts_table(console, rounds)
+    """MESHSIM_SLOW=1 adds the public runs marked slow."""
+    examples = EXAMPLES + public_examples(slow=os.environ.get("MESHSIM_SLOW") == "1")
+    with tempfile.TemporaryDirectory(prefix="meshsim-bench-twins-") as into:
+        twins = {example.name: cpu_twin(example, into) for example in examples}
+        scripts_table(console, examples, rounds, twins)
+        steps_table(console, [e for e in examples if e.steps], rounds, twins)
     hang_table(console)

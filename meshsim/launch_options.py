@@ -162,6 +162,7 @@ class LaunchRequest:
     log_dir: str | None
     options: LaunchOptions
     groups: bool = False
+    notes: tuple[str, ...] = ()  # what a flag was taken to mean, where torchrun's answer depends on the machine
 
 
 def request_of(ns: argparse.Namespace) -> LaunchRequest:
@@ -172,6 +173,12 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
                           "program directly")
     hosts = _hosts(ns.nnodes)
     ranks, gpus = _per_host(ns.nproc_per_node, ns.devices_per_host)
+    notes = []
+    if str(ns.nnodes) != str(hosts):
+        notes.append(f"--nnodes {ns.nnodes}: {hosts} simulated hosts (every host joins, as at MAX)")
+    if str(ns.nproc_per_node).strip().lower() in ("gpu", "auto", "cpu"):
+        notes.append(f"--nproc-per-node {ns.nproc_per_node}: {ranks} ranks a host, on hosts of {gpus} simulated GPUs"
+                     + ("" if ns.devices_per_host else " (--devices-per-host D chooses)"))
     start_timeout = _rendezvous(ns.rdzv_conf)
     options = LaunchOptions(
         max_restarts=_nonnegative(ns.max_restarts, "--max-restarts"), host_dirs=ns.host_dirs,
@@ -183,7 +190,7 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
         logs_specs=ns.logs_specs, virtual_local_rank=bool(ns.virtual_local_rank), start_timeout=start_timeout)
     deadline = deadlines.checked(ns.deadline)
     return LaunchRequest(ns.training_script, bool(ns.module), list(ns.training_script_args), Topology(hosts, ranks),
-                         deadline, ns.log_dir, options, bool(ns.groups))
+                         deadline, ns.log_dir, options, bool(ns.groups), tuple(notes))
 
 
 def _hosts(nnodes: str) -> int:

@@ -173,6 +173,9 @@ def main(args: Any) -> int:
     def notify(line: str) -> None:
         console.print(f"meshsim: {line}", markup=False, highlight=False, soft_wrap=True)
 
+    for note in request.notes:
+        notify(note)
+
     result = launch(request.target, request.topology, request.args, deadline=request.deadline,
                     module=request.is_module, log_dir=request.log_dir, stream=sys.stdout, errors=sys.stderr,
                     notify=notify, **vars(request.options))

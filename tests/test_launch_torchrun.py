@@ -49,6 +49,14 @@ def test_torchruns_flag_forms_mean_what_they_mean_in_torchrun(argv, hosts, ranks
         assert getattr(request.options, name) == value, name
 
 
+def test_what_gpu_and_min_max_were_taken_to_mean_is_said_before_the_run():
+    assert mapped("--nproc_per_node=gpu", "--nnodes=1:2").notes == (
+        "--nnodes 1:2: 2 simulated hosts (every host joins, as at MAX)",
+        f"--nproc-per-node gpu: {GPUS_PER_HOST} ranks a host, on hosts of {GPUS_PER_HOST} simulated GPUs "
+        "(--devices-per-host D chooses)")
+    assert mapped("--nproc-per-node", "4", "--nnodes", "2").notes == ()
+
+
 def test_the_job_id_is_torchruns_a_fresh_one_on_one_node_or_with_standalone_else_rdzv_id():
     assert re.fullmatch(r"[0-9a-f-]{36}", mapped("--nproc-per-node", "2").options.run_id)
     assert re.fullmatch(r"[0-9a-f-]{36}", mapped("--nnodes", "2", "--standalone", "--rdzv-id", "x").options.run_id)

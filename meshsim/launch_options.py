@@ -171,10 +171,10 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
         raise LaunchError("--no-python: meshsim runs a Python script or module (-m) in its own rank processes, "
                           "where the simulated GPUs, the progress hooks and the diagnosis live; it cannot run a "
                           "program directly")
-    hosts = _hosts(ns.nnodes)
+    least, hosts = _hosts(ns.nnodes)
     ranks, gpus = _per_host(ns.nproc_per_node, ns.devices_per_host)
     notes = []
-    if str(ns.nnodes) != str(hosts):
+    if least < hosts:
         notes.append(f"--nnodes {ns.nnodes}: {hosts} simulated hosts (every host joins, as at MAX)")
     if str(ns.nproc_per_node).strip().lower() in ("gpu", "auto", "cpu"):
         notes.append(f"--nproc-per-node {ns.nproc_per_node}: {ranks} ranks a host, on hosts of {gpus} simulated GPUs"
@@ -193,8 +193,8 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
                          deadline, ns.log_dir, options, bool(ns.groups), tuple(notes))
 
 
-def _hosts(nnodes: str) -> int:
-    """`--nnodes N` or `MIN:MAX`, run at MAX (torch's parse_min_max_nnodes)."""
+def _hosts(nnodes: str) -> tuple[int, int]:
+    """`--nnodes N` or `MIN:MAX` (torch's parse_min_max_nnodes): (MIN, MAX); a launch runs at MAX."""
     from torch.distributed.run import parse_min_max_nnodes
 
     try:
@@ -203,7 +203,7 @@ def _hosts(nnodes: str) -> int:
         raise LaunchError(f"--nnodes {nnodes}: expected a number of hosts, or MIN:MAX") from None
     if not 0 < least <= most:
         raise LaunchError(f"--nnodes {nnodes}: needs 0 < MIN <= MAX")
-    return most
+    return least, most
 
 
 def _per_host(nproc: str | None, devices: int | None) -> tuple[int, int]:

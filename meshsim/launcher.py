@@ -65,12 +65,8 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     from .run.process import ProcessExecutor
 
     settings = LaunchOptions(**options)
-    target = resolve(script, module)
+    target = checked(script, module, topology)
     deadline = deadlines.checked(deadline)
-    most = TIERS["process"].max_world
-    if topology.world > most:
-        raise LaunchError(f"{topology} is {topology.world} ranks; meshsim launch runs a process per rank, at most "
-                          f"{most} on one machine")
     host_gpus = settings.gpus_per_host or topology.devices_per_host
     if simulate_gpus is None:  # real GPUs serve a rank each, D a host
         simulate_gpus = _gpus() < max(topology.world, topology.hosts * host_gpus) or \
@@ -105,6 +101,16 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
 
         save_picture(verdict, log_dir)
     return verdict
+
+
+def checked(script: str, module: bool, topology: Topology) -> str:
+    """The script's path (or the module's name), once it is known to exist and the world to fit; LaunchError."""
+    target = resolve(script, module)
+    most = TIERS["process"].max_world
+    if topology.world > most:
+        raise LaunchError(f"{topology} is {topology.world} ranks; meshsim launch runs a process per rank, at most "
+                          f"{most} on one machine")
+    return target
 
 
 def _hosts(topology: Topology, settings: LaunchOptions, attempt: int, logs: RankLogs,
@@ -173,6 +179,7 @@ def main(args: Any) -> int:
     def notify(line: str) -> None:
         console.print(f"meshsim: {line}", markup=False, highlight=False, soft_wrap=True)
 
+    checked(request.target, request.is_module, request.topology)  # bad usage is said alone, before any note
     for note in request.notes:
         notify(note)
 

@@ -82,7 +82,8 @@ def test_a_module_runs_with_dash_m():
 
 @pytest.mark.parametrize("args", [["nope.py"], ["-m", "no_such_module_here"], ["--nnodes", "0", "x.py"],
                                   ["--deadline", "nan", "hsdp.py"], ["--nnodes", "100", "--nproc-per-node", "100",
-                                                                     "hsdp.py"]])
+                                                                     "hsdp.py"],
+                                  ["--nnodes=1:20", "--nproc-per-node=gpu", "hsdp.py"], ["--no-python", "hsdp.py"]])
 def test_bad_usage_is_exit_2_in_one_line_and_starts_nothing(args):
     out = meshsim_launch(*args, timeout=60)
     assert out.returncode == 2, out.stderr

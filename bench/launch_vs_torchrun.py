@@ -5,9 +5,10 @@ its CPU twin runs under `torchrun --standalone` with the same number of ranks on
 twin is a copy of the script's directory with the device edited: the public scripts carry their own edits
 (tests/launch_scripts/public/SOURCES.toml, [[run.cpu_edit]]), the recipe's and meshsim's own get cpu_edit's
 ("cuda" -> "cpu", "nccl" -> "gloo", no set_device, no DDP device ids). Every run has a fresh working directory.
-Rounds alternate the two; tables show medians. Per-step time is (time of many steps - time of few steps) /
-(many - few), for scripts that take a step (or epoch) count. The hang row times a script that prints first and
-then hangs: from its first line to the verdict with the diagnosis.
+Rounds alternate the two; tables show medians. Per-step time is the median time between two optimizer steps on
+rank 0, taken in the same runs by a wrapper both launchers run the script under (scripts/step_clock.py: torch's
+global optimizer-step hook, then the script as __main__). The hang row times a script that prints first and then
+hangs: from its first line to the verdict with the diagnosis.
 """
 
 from __future__ import annotations
@@ -39,15 +40,8 @@ class Example:
     path: str  # the script, run unchanged by meshsim launch
     flags: tuple[str, ...]  # meshsim launch's flags (torchrun's)
     args: tuple[str, ...] = ()
-    steps: tuple[int, int, int] | None = None  # (index in args, few, many): per-step time from two runs
     edits: tuple[tuple[str, str, str], ...] = ()  # (file in the script's directory, old, new) for the CPU twin
     generic_edit: bool = True  # apply CPU_EDIT to the script (public scripts carry their own edits instead)
-
-    def argv(self, steps: int | None = None) -> list[str]:
-        args = list(self.args)
-        if steps is not None and self.steps is not None:
-            args[self.steps[0]] = str(steps)
-        return args
 
     @property
     def world(self) -> int:
@@ -57,10 +51,9 @@ class Example:
         return request_of(build_parser().parse_args(["launch", *self.flags, self.path])).topology.world
 
 
-def _ours(script: str, hosts: int, devices: int, *args: str, steps: tuple[int, int, int] | None = None,
-          edits: tuple[tuple[str, str, str], ...] = ()) -> Example:
+def _ours(script: str, hosts: int, devices: int, *args: str, edits: tuple[tuple[str, str, str], ...] = ()) -> Example:
     return Example(os.path.relpath(script, ROOT), script, ("--nnodes", str(hosts), "--nproc-per-node", str(devices)),
-                   args, steps, edits)
+                   args, edits)
 
 
 EXAMPLES = [
@@ -71,9 +64,9 @@ EXAMPLES = [
         ("hsdp.py", "HYBRID_SHARD\n", 'HYBRID_SHARD, device_id=__import__("torch").device("cpu")\n'),)),
     _ours(os.path.join(TESTS, "fsdp2_dtensor.py"), 2, 2),
     _ours(os.path.join(TESTS, "ddp_cuda.py"), 2, 2),
-    _ours(os.path.join(HERE, "scripts", "ddp_steps.py"), 2, 4, "--steps", "2", steps=(1, 2, 22)),
+    _ours(os.path.join(HERE, "scripts", "ddp_steps.py"), 2, 4, "--steps", "30"),
 ]
-PUBLIC_STEPS = {"ddp-series-torchrun": (0, 1, 4)}  # total_epochs is the first argument
+CLOCK = os.path.join(HERE, "scripts", "step_clock.py")
 
 CPU_EDIT = [  # a GPU script's device lines, as one edits them to run it under torchrun on a CPU
     (r"(?m)^(\s*)torch\.cuda\.set_device\(.*\)\s*$", r"\1pass"),
@@ -106,8 +99,8 @@ def public_examples(slow: bool = False) -> list[Example]:
             continue
         script = os.path.join(PUBLIC, run["dir"], run["script"])
         edits = tuple((e["file"], e["old"], e["new"]) for e in run["cpu_edit"])
-        out.append(Example(run["name"], script, tuple(run.get("flags", ())), tuple(run.get("args", ())),
-                           PUBLIC_STEPS.get(run["name"]), edits, generic_edit=False))
+        out.append(Example(run["name"], script, tuple(run.get("flags", ())), tuple(run.get("args", ())), edits,
+                           generic_edit=False))
     return out
 
 
@@ -133,34 +126,38 @@ def cpu_twin(example: Example, into: str) -> str:
     return script
 
 
-def _run(command: list[str]) -> tuple[float, bool, str]:
-    """(seconds, exit 0, rank 0's last line) of a command in a fresh working directory (torchrun shows rank 0's
-    output alone, meshsim prefixes it "[rank0]:")."""
+def _run(command: list[str]) -> tuple[float, bool, str, float | None]:
+    """(seconds, exit 0, rank 0's last line, ms between optimizer steps) of a command in a fresh working directory
+    (torchrun shows rank 0's output alone, meshsim prefixes it "[rank0]:")."""
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-") as work:
         env = dict(os.environ, PYTHONPATH=ROOT, TMPDIR=work)  # (torchrun's log directory goes in it too)
         env.pop("OMP_NUM_THREADS", None)  # both launchers set it to 1 for several ranks a host
         started = time.monotonic()
         out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
         seconds = time.monotonic() - started
-    lines = [line.removeprefix("[rank0]:") for line in out.stdout.splitlines()
+    lines = [line.removeprefix("[rank0]:").strip() for line in out.stdout.splitlines()
              if line.startswith("[rank0]:") or not line.startswith("[rank")]
-    return seconds, out.returncode == 0, (lines[-1].strip() if lines else "")
+    clock = [float(line.split()[1]) for line in lines if line.startswith("STEP_MS ")]
+    said = [line for line in lines if not line.startswith("STEP_MS ")]
+    return seconds, out.returncode == 0, (said[-1] if said else ""), (clock[-1] if clock else None)
 
 
-def _measure(example: Example, twin: str, rounds: int, steps: int | None = None) -> dict:
-    ours_cmd = [sys.executable, "-m", "meshsim", "launch", *example.flags, example.path, *example.argv(steps)]
+def _measure(example: Example, twin: str, rounds: int) -> dict:
+    """Both launchers, `rounds` times each, alternating: medians of wall time and of per-step time."""
+    ours_cmd = [sys.executable, "-m", "meshsim", "launch", *example.flags, CLOCK, example.path, *example.args]
     theirs_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                  str(example.world), "--local-ranks-filter", "0", twin, *example.argv(steps)]
-    ours, theirs, ok, same = [], [], [True, True], True
+                  str(example.world), "--local-ranks-filter", "0", CLOCK, twin, *example.args]
+    runs: dict[str, list] = {"ours": [], "theirs": []}
     for _ in range(rounds):
-        seconds, passed, ours_line = _run(ours_cmd)
-        ours.append(seconds)
-        ok[0] &= passed
-        seconds, passed, theirs_line = _run(theirs_cmd)
-        theirs.append(seconds)
-        ok[1] &= passed
-        same &= ours_line == theirs_line
-    return {"ours": statistics.median(ours), "theirs": statistics.median(theirs), "ok": ok, "same": same}
+        for side, command in (("ours", ours_cmd), ("theirs", theirs_cmd)):
+            runs[side].append(_run(command))
+    out: dict = {"ok": [all(r[1] for r in runs[side]) for side in ("ours", "theirs")],
+                 "same": all(a[2] == b[2] for a, b in zip(runs["ours"], runs["theirs"]))}
+    for side, results in runs.items():
+        out[side] = statistics.median(r[0] for r in results)
+        steps = [r[3] for r in results if r[3] is not None]
+        out[f"{side}_step"] = statistics.median(steps) if steps else None
+    return out
 
 
 def _load() -> str:
@@ -173,35 +170,27 @@ def _ratio(ours: float, theirs: float) -> str:
 
 
 def scripts_table(console, examples: list[Example], rounds: int, twins: dict[str, str]) -> None:
-    table = Table(title=f"Example scripts: whole-command wall time, median of {rounds} alternating rounds "
-                        f"(goal: meshsim launch <= {GOAL}x torchrun)")
+    wall = Table(title=f"Example scripts: whole-command wall time, median of {rounds} alternating rounds "
+                       f"(goal: meshsim launch <= {GOAL}x torchrun)")
     for col in ("script", "flags (meshsim launch)", "ranks", "torchrun --standalone, CPU twin (s)",
                 "meshsim launch, unchanged (s)", "ratio", "exit 0 (ours/torchrun)", "same rank-0 last line",
                 "load (1 min)"):
-        table.add_column(col, justify="right", overflow="fold")
+        wall.add_column(col, justify="right", overflow="fold")
+    step = Table(title="Per-step time: median time between two optimizer steps on rank 0, medians over the same runs "
+                       f"(goal: <= {GOAL}x)")
+    for col in ("script", "ranks", "torchrun ms/step", "meshsim launch ms/step", "ratio"):
+        step.add_column(col, justify="right", overflow="fold")
     for example in examples:
-        steps = example.steps[1] if example.steps else None
-        m = _measure(example, twins[example.name], rounds, steps)
-        table.add_row(example.name, " ".join(example.flags), str(example.world), f"{m['theirs']:.2f}",
-                      f"{m['ours']:.2f}", _ratio(m["ours"], m["theirs"]),
-                      f"{'yes' if m['ok'][0] else 'NO'}/{'yes' if m['ok'][1] else 'NO'}", "yes" if m["same"] else "no",
-                      _load())
-    console.print(table)
-
-
-def steps_table(console, examples: list[Example], rounds: int, twins: dict[str, str]) -> None:
-    table = Table(title="Per-step time: (many steps - few steps) / (many - few), from medians of whole-run wall "
-                        "times")
-    for col in ("script", "steps", "torchrun ms/step", "meshsim launch ms/step", "ratio", "load (1 min)"):
-        table.add_column(col, justify="right")
-    for example in examples:
-        assert example.steps is not None
-        _, few, many = example.steps
-        low, high = (_measure(example, twins[example.name], rounds, n) for n in (few, many))
-        per = {side: (high[side] - low[side]) / (many - few) * 1000 for side in ("ours", "theirs")}
-        table.add_row(example.name, f"{few} vs {many}", f"{per['theirs']:.1f}", f"{per['ours']:.1f}",
-                      _ratio(per["ours"], per["theirs"]), _load())
-    console.print(table)
+        m = _measure(example, twins[example.name], rounds)
+        wall.add_row(example.name, " ".join(example.flags), str(example.world), f"{m['theirs']:.2f}",
+                     f"{m['ours']:.2f}", _ratio(m["ours"], m["theirs"]),
+                     f"{'yes' if m['ok'][0] else 'NO'}/{'yes' if m['ok'][1] else 'NO'}", "yes" if m["same"] else "no",
+                     _load())
+        if m["ours_step"] is not None and m["theirs_step"] is not None:
+            step.add_row(example.name, str(example.world), f"{m['theirs_step']:.1f}", f"{m['ours_step']:.1f}",
+                         _ratio(m["ours_step"], m["theirs_step"]))
+    console.print(wall)
+    console.print(step)
 
 
 HANG = '''print("started", flush=True)
@@ -259,5 +248,4 @@ def launch_section(console, rounds: int = 3) -> None:
     with tempfile.TemporaryDirectory(prefix="meshsim-bench-twins-") as into:
         twins = {example.name: cpu_twin(example, into) for example in examples}
         scripts_table(console, examples, rounds, twins)
-        steps_table(console, [e for e in examples if e.steps], rounds, twins)
     hang_table(console)

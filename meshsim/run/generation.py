@@ -48,9 +48,11 @@ class Worker:
     conn: Connection
     stack_file: str
     output_file: str = ""
+    error_file: str = ""  # the rank's stderr, where it is kept apart from its stdout ("": in output_file)
     pid: int = 0
     stack_offset: int = 0
     output_offset: int = 0
+    error_offset: int = 0
     poller: Any = None
 
     def readable(self) -> bool:
@@ -63,6 +65,13 @@ class Worker:
     def new_output(self, limit: int | None = 4096) -> str:
         """What the rank printed since the last call (its last `limit` characters)."""
         text, self.output_offset = _read_since(self.output_file, self.output_offset, limit)
+        return text
+
+    def new_errors(self) -> str:
+        """What the rank wrote to stderr since the last call, where stderr has a file of its own."""
+        if not self.error_file:
+            return ""
+        text, self.error_offset = _read_since(self.error_file, self.error_offset)
         return text
 
     def new_stack(self) -> str:
@@ -101,7 +110,8 @@ class Generation:
                                       name=f"meshsim-rank{spec.rank}")
                 ignore_interrupts_while(process.start)  # the forkserver starts here the first time
                 child.close()
-                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file))
+                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,
+                                           spec.error_file or ""))
         finally:
             reader.close()
         self._await_ready(timeout_s)
@@ -183,7 +193,9 @@ class Generation:
                 if self.reaper is not None:
                     self.reaper.forget(worker.pid)
             worker.conn.close()
-            for path in (worker.stack_file, worker.output_file):
+            for path in (worker.stack_file, worker.output_file, worker.error_file):
+                if not path:
+                    continue
                 try:
                     os.unlink(path)
                 except OSError:

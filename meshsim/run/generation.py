@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -23,7 +24,13 @@ from .reaper import ignore_interrupts_while, kill_group
 WARM_MODULES = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
                 "torch._subclasses.fake_tensor", "torch.distributed.tensor", "torch._dynamo", "dill",
                 "meshsim.run.rank", "meshsim.run.interpreter", "meshsim.ops"]
-PRELOAD = WARM_MODULES + ["meshsim.run.warm"]  # the forkserver then freezes what it loaded
+
+
+def preload() -> list[str]:
+    """What the forkserver imports before it forks a rank (then meshsim.run.warm freezes it). Under pytest,
+    pytest too: a test's function travels by value with its module's globals, and unpickling it on 8 fresh ranks
+    imported pytest inside the function's deadline, seconds on a loaded machine."""
+    return WARM_MODULES + (["pytest"] if "pytest" in sys.modules else []) + ["meshsim.run.warm"]
 
 
 

@@ -165,7 +165,7 @@ class _StateOrder(ProgramOrder):
 
 def _roles(states: list[RankState]) -> dict[str, Any]:
     """group name -> the part it plays: a mesh dim (DeviceMesh names its groups "mesh_<dim>"; a call made through
-    get_group carries its dim), else the group itself."""
+    get_group carries its dim), else the part its sibling groups play (_sibling_roles), else the group itself."""
     roles: dict[str, Any] = {}
     for s in states:
         for group, desc in s.created_as.items():
@@ -174,7 +174,38 @@ def _roles(states: list[RankState]) -> dict[str, Any]:
         for call in (s.call, s.failed_in):
             if call is not None and call.context is not None and len(call.context) > 1 and call.context[1] is not None:
                 roles.setdefault(call.group, ("dim", str(call.context[1])))
+    roles.update(_sibling_roles(states, roles))
     return roles
+
+
+def _sibling_roles(states: list[RankState], roles: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the groups with no mesh dim, from the lines that call on them (sibling_parts)."""
+    members: dict[str, frozenset[int]] = {}
+    at: dict[Any, set[str]] = {}
+    for s in states:
+        for group, ranks in s.created.items():
+            members.setdefault(group, frozenset(ranks))
+        for (group, _), (site, kind) in s.call_log.items():
+            if group not in roles and site is not None:
+                at.setdefault((site, kind), set()).add(group)
+                members[group] = members.get(group, frozenset()) | {s.rank}
+    return sibling_parts(at, members)
+
+
+def sibling_parts(at: dict[Any, set[str]], members: dict[str, frozenset[int]]) -> dict[str, tuple[str, str]]:
+    """Groups that the same line of code calls on (a step of a plan, file:line of a script: the keys of `at`),
+    and that share no rank, play one part: each rank makes that call on its own group, as with the groups of
+    new_subgroups, or hand-made groups of 0-3 and 4-7 that one loop all_reduces on. Where such groups overlap (a
+    helper that one rank calls with two of its groups) the line says nothing, and every group keeps its own."""
+    parts: dict[str, tuple[str, str]] = {}
+    for groups in sorted(at.values(), key=lambda g: sorted(g)):
+        if len(groups) < 2 or any(g in parts for g in groups):
+            continue
+        ranks = [members.get(g, frozenset()) for g in groups]
+        if sum(len(r) for r in ranks) == len(frozenset().union(*ranks)):  # pairwise disjoint
+            part = ("siblings", min(groups))
+            parts.update({g: part for g in groups})
+    return parts
 
 
 def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent: set[int]) -> Blame:
@@ -193,10 +224,14 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
                 why[(call.group, call.seq, m)] = _why_missing(states, order, call, m)
             cause = why[(call.group, call.seq, m)]
             if cause is not None:
-                causes.setdefault(m, cause)
+                # a skip is the root of what the rank did next (stall, leave): it wins whichever wait showed it
+                if m not in causes or (cause.kind == KINDS["skipped"] != causes[m].kind):
+                    causes[m] = cause
             else:
                 upstream.setdefault(rank, set()).add(m)
-    for call in sorted(held.values()):
+    # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
+    distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
+    for call in (distinct[k] for k in sorted(distinct)):
         skipped_before = any(c.kind == KINDS["skipped"] and c.group == call.group and c.seq is not None
                              and c.seq <= call.seq for c in causes.values())
         if not skipped_before:
@@ -324,15 +359,20 @@ def _parted(states: list[RankState], call: CallBegun, seq: int, camps: dict[Any,
 def _cycle(order: _StateOrder, held: dict[int, CallBegun], upstream: dict[int, set[int]],
            divergent: set[int]) -> dict[int, Cause]:
     """Every wait leads to another rank's wait: calls made in different orders. The ranks whose held call breaks
-    the majority's program order are to blame; with no majority, the plan's divergent ranks, else every rank of
-    the cycle."""
+    the majority's program order are to blame. Where no rank made both calls (two ranks took a step's two calls
+    in the other order: each side holds only its own), the call more ranks wait in is the program's next one,
+    and the fewer ranks that wait in the other parted from it; with no majority either, the plan's divergent
+    ranks, else every rank of the cycle."""
     blamed: dict[int, Cause] = {}
+    waiting = Counter(order.key(c.group, c.seq) for c in held.values())
     for rank, call in held.items():
         for m in upstream.get(rank, ()):
             theirs = held.get(m)
             if theirs is None:
                 continue
-            if order.precedes(order.key(theirs.group, theirs.seq), order.key(call.group, call.seq)) is False:
+            mine_key, their_key = order.key(call.group, call.seq), order.key(theirs.group, theirs.seq)
+            first = order.precedes(their_key, mine_key)
+            if first is False or (first is None and waiting[their_key] > waiting[mine_key]):
                 continue
             text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {list(theirs.ranks)} while rank {rank} "
                     f"waits for it in {call.kind} #{call.seq} on group {list(call.ranks)}: the two make these calls "

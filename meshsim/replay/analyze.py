@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judge.blame import KINDS
-from .incident import FAILED, TIMED_OUT, Call, Incident, _ranks_text
+from .records import FAILED, TIMED_OUT, Call, Incident, _ranks_text
 
 DEAD, STALLED, SKIPPED = KINDS["dead"], KINDS["straggler"], KINDS["skipped"]
 MISMATCH, REORDERED, UNKNOWN = KINDS["mismatched"], KINDS["reordered"], KINDS["unknown"]
@@ -58,6 +58,7 @@ class Analysis:
     mismatches: list[str]  # collectives that completed although their members' calls differed
     summary: str = ""
     notes: list[str] = field(default_factory=list)
+    culprits_at: dict[int, str] = field(default_factory=dict)  # each culprit's last recorded call, and where
 
     @property
     def headline(self) -> Cause | None:
@@ -65,6 +66,7 @@ class Analysis:
 
     def to_json(self, incident: Incident) -> dict:
         return {"kind": self.kind, "culprit_ranks": self.culprits, "summary": self.summary,
+                "culprits_at": {str(r): t for r, t in sorted(self.culprits_at.items())},
                 "causes": [c.to_json() for c in self.causes],
                 "waiting": [w.to_json(incident) for w in self.waits],
                 "victims": {str(r): t for r, t in sorted(self.victims.items())},
@@ -78,16 +80,59 @@ def analyze(incident: Incident) -> Analysis:
 
     found = blame(to_record(incident))
     seen: dict[tuple, tuple[list[int], list[int]]] = {}  # ranks waiting in one call share who they wait for
-    waits = [_wait(incident, rank, record.held, seen) for rank, record in incident.ranks.items()
-             if record.dumped and record.held is not None]
-    # The record numbers a group's calls from 0, Flight Recorder's collective_seq_id from 1.
-    causes = [Cause(c.rank, c.kind, c.group, None if c.seq is None else c.seq + 1, c.text) for c in found.causes]
-    kind = found.kind if found.culprits else (UNKNOWN if waits else "no hang in the dumps")
+    waits = [_wait(incident, rank, held, seen) for rank, record in incident.ranks.items()
+             if record.dumped and (held := record.held or incident.unrecorded.get(rank)) is not None]
+    causes = [_absent_cause(incident, c) for c in found.causes]  # seq: Flight Recorder's collective_seq_id
+    culprits = found.culprits
+    kind = causes[0].kind if causes else found.kind if found.culprits else \
+        (UNKNOWN if waits else "no hang in the dumps")
     mismatches, partners = _completed_mismatches(incident, {c.rank: c for c in causes})
-    victims = _victims(incident, waits, found.culprits, partners)
-    analysis = Analysis(kind, found.culprits, causes, waits, victims, mismatches, notes=list(incident.notes))
+    victims = _victims(incident, waits, culprits, partners)
+    analysis = Analysis(kind, culprits, causes, waits, victims, mismatches, notes=list(incident.notes))
+    analysis.culprits_at = {r: _last_seen(incident, r) for r in culprits}
+    analysis.notes += _stopped_together(incident, analysis)
     analysis.summary = _summary(incident, analysis)
     return analysis
+
+
+def _last_seen(incident: Incident, rank: int) -> str:
+    """Where the dumps last see a rank: the call it is held in, else its last recorded call."""
+    record = incident.ranks[rank]
+    if not record.dumped:
+        return incident.absent[rank].text if rank in incident.absent else "left no dump"
+    if record.held is not None:
+        return f"held in {record.held.describe(incident.groups)} ({record.held.state})"
+    if rank in incident.unrecorded:
+        return f"held before {incident.unrecorded[rank].describe(incident.groups)}, whose entry is not written yet"
+    if record.calls:
+        return f"in no collective; its last recorded call: {record.calls[-1].describe(incident.groups)}"
+    return "in no collective, and its dump records no call"
+
+
+def _stopped_together(incident: Incident, analysis: Analysis) -> list[str]:
+    """Ranks that each stalled are rarely many, and rarely at one place: several ranks outside any recorded call,
+    right after the same call, are more likely held together in a call Flight Recorder does not record, which
+    the ranks that went on past that place did not make."""
+    stalled = [c.rank for c in analysis.causes if c.kind == STALLED]
+    lasts = {incident.ranks[r].calls[-1].site if incident.ranks[r].calls else None for r in stalled}
+    if len(stalled) < 2 or len(lasts) != 1 or None in lasts:
+        return []
+    (site,) = lasts
+    ahead = sorted({w.rank for w in analysis.waits if w.call.site != site})
+    went_on = f"; rank{'s' if len(ahead) > 1 else ''} {_ranks_text(ahead)} went on without them" if ahead else ""
+    return [f"ranks {_ranks_text(stalled)} all stopped outside any recorded collective right after the call at "
+            f"{site}: rather than {len(stalled)} ranks stalling at one place, they may be held together in what "
+            f"Flight Recorder does not record (group creation: new_group, init_device_mesh, split_group; a store "
+            f"barrier; gloo's point-to-point calls){went_on}, which would make the rank that skipped it the cause"]
+
+
+def _absent_cause(incident: Incident, cause: Any) -> Cause:
+    """A rank without a dump that the others wait for is to blame as one that left no dump (died, exited, could
+    not write one): Flight Recorder cannot tell those apart, nor a stall from them, and says nothing more."""
+    absent = incident.absent.get(cause.rank)
+    if absent is None or cause.kind not in (DEAD, STALLED, KINDS["left"]):
+        return Cause(cause.rank, cause.kind, cause.group, cause.seq, cause.text)
+    return Cause(cause.rank, DEAD, cause.group, cause.seq, absent.text)
 
 
 def _wait(incident: Incident, rank: int, call: Call, seen: dict) -> Wait:
@@ -103,6 +148,9 @@ def _absent(incident: Incident, call: Call) -> tuple[list[int], list[int]]:
     missing, mismatched = [], []
     for m in incident.groups[call.group].ranks:
         other = incident.ranks[m]
+        placed = incident.unrecorded.get(m)
+        if placed is not None and (placed.group, placed.seq) == (call.group, call.seq):
+            continue  # held in it before its entry is written
         count = other.issued(call.group)
         theirs = other.at(call.group, call.seq)
         queued = theirs is not None and not theirs.finished and other.held is not None and other.held is not theirs
@@ -127,8 +175,9 @@ def _completed_mismatches(incident: Incident, causes: dict[int, Cause]) -> tuple
             calls = {m: c for m, c in found.items() if c is not None and c.finished}
             if len(calls) < len(found) or len(calls) < 2:
                 continue
-            shapes = {(c.signature(), c.site) for c in calls.values()}
-            if len(shapes) < 2:
+            # a send and its receive come from different lines by design; a dump without frames has no line
+            sites = {c.site for c in calls.values() if c.site is not None and not c.p2p}
+            if len({c.signature() for c in calls.values()}) < 2 and len(sites) < 2:
                 continue
             parts = "; ".join(f"rank {m}: {c.op} {list(map(list, c.in_sizes))} at {c.site}"
                               for m, c in sorted(calls.items()))
@@ -148,7 +197,7 @@ def _victims(incident: Incident, waits: list[Wait], culprits: list[int], partner
         if rank in culprits:
             continue
         if not record.dumped:
-            out[rank] = "left no dump"
+            out[rank] = incident.absent[rank].text if rank in incident.absent else "left no dump"
             continue
         w = held.get(rank)
         if w is None:
@@ -187,12 +236,14 @@ def _summary(incident: Incident, analysis: Analysis) -> str:
 
 def to_record(incident: Incident, analysis: Analysis | None = None, deadline: float = 0.0) -> Any:  # noqa: ARG001
     """The incident as meshsim's RunRecord (meshsim.record), so that meshsim's judge diagnoses it as it
-    diagnoses a live run: a waiting rank is STUCK in its call (a CallBegun on its group, that group's seq from
-    0), any other rank with a dump STUCK in none, one without a dump DIED; call_log maps every recorded (group,
-    seq) to (site, op), issued keeps their order, sizes what each passed, and calls_on counts each group's calls.
-    `analysis` is accepted for callers of the first version and not needed."""
+    diagnoses a live run: a waiting rank is STUCK in its call (a CallBegun on its group at Flight Recorder's
+    collective_seq_id, so the judge's words count calls as the dumps do), any other rank with a dump STUCK in
+    none; call_log maps every recorded (group, seq) to (site, op), issued keeps their order, sizes what each
+    passed, and calls_on is one past each group's last seq. A rank without a dump is placed as meshsim.replay.absent
+    places it: DIED where it cannot be anywhere its peers' dumps allow, else STUCK where its twins are, with the
+    calls its peers prove it made. `analysis` is accepted for callers of the first version and not needed."""
     from ..record import RankState, RunRecord
-    from ..wire import DIED, STUCK, CallBegun
+    from ..wire import DIED, STUCK
 
     states, stacks = [], {}
     for rank in range(incident.world):
@@ -202,39 +253,65 @@ def to_record(incident: Incident, analysis: Analysis | None = None, deadline: fl
             if rank in g.ranks:
                 state.created[key] = tuple(g.ranks)
                 state.created_as[key] = g.desc
+                state.calls_on[key] = 1  # collective_seq_id counts from 1: none issued is "one past 0"
         state.groups_created = sum(1 for g in incident.groups.values() if g.desc != "default_pg")
         state.meshes = [(0, m.shape, m.names, tuple(range(incident.world))) for m in incident.meshes]
-        if not record.dumped:
+        absent = incident.absent.get(rank)
+        if not record.dumped and (absent is None or absent.gone):
             state.end = DIED
             state.output = "left no Flight Recorder dump"
             states.append(state)
             continue
         queued = {id(c) for c in record.queued}
-        for call in record.calls:
-            if call.p2p or id(call) in queued:
-                continue  # (NCCL: a call enqueued behind the one the rank is held in has not started)
-            state.call_log[(call.group, call.seq - 1)] = (call.site or "?", call.op)
-            state.calls_on[call.group] = max(state.calls_on.get(call.group, 0), call.seq)
-            state.issued.append((call.group, call.seq - 1))
-            if call.in_sizes:
-                dtypes = list(call.in_dtypes) + ["?"] * len(call.in_sizes)
-                state.sizes[(call.group, call.seq - 1)] = ",".join(
-                    f"{dtype}{list(size)}" for size, dtype in zip(call.in_sizes, dtypes))
+        # (NCCL: a call enqueued behind the one the rank is held in has not started)
+        calls = [c for c in record.calls if id(c) not in queued]
         held = record.held
+        if held is None and rank in incident.unrecorded:
+            held = incident.unrecorded[rank]
+            calls.append(held)
+        if absent is not None:
+            calls, held = absent.proven + ([absent.held] if absent.held is not None else []), absent.held
+        for call in calls:
+            _log(state, call)
+        # alive and in no collective: Flight Recorder cannot tell a rank that stalled from one about to exit, so it
+        # is held outside any call (the judge names it if the others wait for it)
+        state.end = STUCK
         if held is not None:
-            g = incident.groups[held.group]
-            state.call = CallBegun(held.op, tuple(g.ranks), held.group, held.seq - 1, _context(incident, g, rank))
-            state.end = STUCK
+            state.call = _begun(incident, rank, held)
             stacks[rank] = _stack_text(incident, rank, held)
-        else:
-            # alive when it dumped and in no collective: Flight Recorder cannot tell a rank that stalled from
-            # one about to exit, so it is held outside any call (the judge names it if the others wait for it)
-            state.end = STUCK
         states.append(state)
     source = (f"replayed from Flight Recorder dumps in {incident.directory} (version {incident.version}, "
               f"{incident.backend})")
     notes = [source, *incident.notes]
     return RunRecord(incident.world, deadline, states, 0.0, True, stacks, tier="replay", notes=notes)
+
+
+P2P_KIND = "send/recv"  # the judge compares the calls of a pair's group: a send and its receive are one call
+
+
+def _kind(call: Call) -> str:
+    return P2P_KIND if call.p2p else call.op
+
+
+def _log(state: Any, call: Call) -> None:
+    state.call_log[(call.group, call.seq)] = (call.site or "?", _kind(call))
+    state.calls_on[call.group] = max(state.calls_on.get(call.group, 0), call.seq + 1)
+    state.issued.append((call.group, call.seq))
+    if call.in_sizes:
+        state.sizes[(call.group, call.seq)] = _sizes(call)
+
+
+def _sizes(call: Call) -> str:
+    dtypes = list(call.in_dtypes) + ["?"] * len(call.in_sizes)
+    return ",".join(f"{dtype}{list(size)}" for size, dtype in zip(call.in_sizes, dtypes))
+
+
+def _begun(incident: Incident, rank: int, call: Call) -> Any:
+    from ..wire import CallBegun
+
+    g = incident.groups[call.group]
+    return CallBegun(_kind(call), tuple(g.ranks), call.group, call.seq, _context(incident, g, rank), call.site,
+                     _sizes(call) if call.in_sizes else None)
 
 
 def _context(incident: Incident, g: Any, rank: int) -> tuple | None:
@@ -248,6 +325,10 @@ def _context(incident: Incident, g: Any, rank: int) -> tuple | None:
 
 def _stack_text(incident: Incident, rank: int, call: Call) -> str:
     """The held call's frames as Python prints a stack, so meshsim's report groups ranks by them."""
+    if call.fr_state == "inferred":
+        return f"no dump: taken to wait in {call.op} as the ranks that made as many calls do"
+    if call.fr_state == "unrecorded":
+        return f"no entry yet: taken to wait before {call.op}'s entry (group creation or communicator set-up)"
     lines = [f"Flight Recorder stack of {call.op} (most recent call first):"]
     lines += [f'  File "{filename}", line {line} in {name}' for name, filename, line in call.frames]
     return "\n".join(lines)

@@ -73,7 +73,11 @@ def main(args: argparse.Namespace) -> int:
     if tier == "auto":
         from ..spec.tiers import TIERS as CAPABILITIES
 
-        tier = "process" if incident.world <= CAPABILITIES["process"].max_world else "thread"
+        tier = next((t for t in ("process", "thread") if incident.world <= CAPABILITIES[t].max_world), "none")
+        if tier == "none":  # a diagnosis and a scenario, stated as such: no tier here holds the world
+            why_not = (f"{incident.world} ranks are more than the thread tier's {CAPABILITIES['thread'].max_world} "
+                       f"here; the diagnosis is from the dumps alone (replay it on a larger machine with --tier "
+                       f"thread, or edit the scenario to a smaller world)")
     if tier != "none":
         run, why_not = _run(scenario, tier)
         if why_not is not None and run is None and why_not.startswith("!"):
@@ -154,13 +158,26 @@ def _render_judged(verdict: Any) -> None:
 
 
 def _agreement(analysis: Any, torch_answer: Any) -> str:
+    """Where meshsim's answer and torch's analyzer's differ: the culprits, the kind of failure, the file order."""
     if not torch_answer.available:
         return "torch's analyzer is not available"
+    if torch_answer.failed is not None:
+        return f"torch's analyzer fails on these dumps; meshsim names {analysis.culprits} ({analysis.kind})"
     ours = analysis.culprits
-    if torch_answer.culprits == ours:
-        return f"agree: both name {ours}"
-    order = " (and its answer depends on the order the files are listed in)" if torch_answer.order_dependent else ""
-    return f"differ: meshsim names {ours}; torch's analyzer {torch_answer.answer()}{order}"
+    theirs = torch_answer.culprits
+    kinds = f"meshsim: {analysis.kind}; torch's analyzer: {', '.join(torch_answer.kinds) or 'nothing wrong'}"
+    order = ""
+    if torch_answer.order_dependent:
+        answers = {v for v in torch_answer.by_order.values()}
+        order = (f"; torch's answer depends on the order the files are listed in ({len(answers)} different "
+                 f"answers in {len(torch_answer.by_order)} orders)")
+    elif torch_answer.orders_left:
+        order = f"; {len(torch_answer.by_order)} file orders tried, {torch_answer.orders_left} left for time"
+    if theirs == ours:
+        return f"agree on the culprits {ours} ({kinds}){order}"
+    if not theirs:
+        return f"differ: meshsim names {ours}; torch's analyzer names none, only missing ranks ({kinds}){order}"
+    return f"differ: meshsim names {ours}, torch's analyzer {theirs} ({kinds}){order}"
 
 
 def _print(report: dict) -> None:
@@ -172,6 +189,8 @@ def _print(report: dict) -> None:
         print(f"  mesh {tuple(m['shape'])} dims {m['names']}")
     print()
     _render_judged(report["judged"])
+    for rank, text in sorted(d["culprits_at"].items(), key=lambda kv: int(kv[0])):
+        print(f"  rank {rank} (culprit): {text}")
     for rank, text in sorted(d["victims"].items(), key=lambda kv: int(kv[0])):
         print(f"  rank {rank}: {text}")
     for text in d["completed_mismatched"]:

@@ -28,7 +28,8 @@ NAME = re.compile(r"([\w\-\_]*?)(\d+)$")
 MAX_DUMP_BYTES = 1 << 30  # Flight Recorder's default buffer (2,000 entries with stacks) is a few MB
 MAJOR = 2  # Flight Recorder's format: the minor grows when fields are added, the major when fields change
 OLDEST_MINOR = 4  # 2.4: is_p2p, p2p_seq_id, dtypes, retired and pg_config, all of which the replay reads
-NEWEST_KNOWN = "2.10"  # torch 2.11 to 2.13 write this
+NEWEST_MINOR = 10  # torch 2.11 to 2.13 write 2.10
+NEWEST_KNOWN = f"{MAJOR}.{NEWEST_MINOR}"
 ENTRY_KEYS = ("record_id", "pg_id", "process_group", "collective_seq_id", "profiling_name", "input_sizes",
               "output_sizes", "state", "retired")
 
@@ -165,16 +166,20 @@ def _plain(path: str, raw: bytes) -> dict:
 
 
 def _version(path: str, data: dict) -> str:
+    """The format version, if it is one meshsim knows how to read: a version it does not know may have changed
+    what a field means (2.7 began to record the ops of a coalesced call one by one), so it is refused, never
+    read as if it were another."""
     version = data["version"]
     parts = str(version).split(".")
+    known = f"{MAJOR}.{OLDEST_MINOR} to {NEWEST_KNOWN}; torch 2.11 to 2.13 write {NEWEST_KNOWN}"
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ReplayError(f"{path}: unknown Flight Recorder dump version {version!r} (meshsim reads "
-                          f"{MAJOR}.{OLDEST_MINOR} to {NEWEST_KNOWN})")
+        raise ReplayError(f"{path}: unknown Flight Recorder dump version {str(version)[:40]!r} (meshsim reads {known})")
     major, minor = map(int, parts)
-    if major != MAJOR or minor < OLDEST_MINOR:
-        raise ReplayError(f"{path}: unknown Flight Recorder dump version {version} (meshsim reads "
-                          f"{MAJOR}.{OLDEST_MINOR} to {NEWEST_KNOWN}; a newer {MAJOR}.x only adds fields)")
-    return str(version)
+    if major != MAJOR or not OLDEST_MINOR <= minor <= NEWEST_MINOR:
+        newer = " (a newer torch wrote it: meshsim needs to learn it first)" \
+            if (major, minor) > (MAJOR, NEWEST_MINOR) else ""
+        raise ReplayError(f"{path}: unknown Flight Recorder dump version {version} (meshsim reads {known}){newer}")
+    return f"{major}.{minor}"
 
 
 def _same_job(dumps: list[Dump]) -> None:
@@ -195,9 +200,3 @@ def _torch_reader() -> tuple[Any, str]:
     except ImportError:  # a torch without the analyzer (older, or built without distributed)
         return None, "meshsim's reader (this torch has no torch.distributed.flight_recorder)"
     return read_dump, "torch.distributed.flight_recorder.components.loader.read_dump"
-
-
-def is_newer_than_known(version: str) -> bool:
-    major, minor = map(int, version.split("."))
-    known_major, known_minor = map(int, NEWEST_KNOWN.split("."))
-    return (major, minor) > (known_major, known_minor)

@@ -20,209 +20,29 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..judge.blame import ProgramOrder as _VotedOrder
-from .dumps import ReplayError, is_newer_than_known
-
-COMPLETED = "completed"
-IN_FLIGHT = "in flight"  # issued, not finished: the rank waits in it (NCCL: started or scheduled)
-TIMED_OUT = "timed out"  # NCCL: retired by the watchdog without completing
-FAILED = "failed"  # gloo: retired while a member never issued it, so it ended in an error, not a result
-RETIRED = "retired"  # gloo: finished, and gloo does not record whether with a result or an error
-UNFINISHED = (IN_FLIGHT, TIMED_OUT, FAILED)  # the rank was held up in the call, whatever ended it
-
-WORLD_DESC = "default_pg"
-UNSEEN = "unseen"  # a mesh dim whose groups recorded no call: its size shows, its name does not
-P2P_OPS = ("send", "recv")
-
-
-@dataclass(frozen=True)
-class Call:
-    rank: int
-    group: str  # the group's key in Incident.groups
-    seq: int  # Flight Recorder's collective_seq_id: the group's count of collectives, from 1
-    op: str  # Flight Recorder's name without its backend: all_reduce, _reduce_scatter_base, ...
-    in_sizes: tuple
-    out_sizes: tuple
-    in_dtypes: tuple
-    out_dtypes: tuple
-    state: str
-    fr_state: str  # as the dump wrote it: scheduled, started, completed
-    site: str | None  # the innermost frame outside torch, as file.py:LINE
-    record_id: int
-    time_ns: int
-    ops: tuple[str, ...] = ()  # every op of a coalesced call, its closing "coalesced" marker left out
-    p2p: bool = False
-    peer: str = ""  # a p2p op's "0->1"
-    frames: tuple = ()  # (name, filename, line), innermost first, as recorded
-
-    @property
-    def finished(self) -> bool:
-        return self.state not in UNFINISHED
-
-    @property
-    def in_numel(self) -> int:
-        return sum(_numel(s) for s in self.in_sizes)
-
-    @property
-    def out_numel(self) -> int:
-        return sum(_numel(s) for s in self.out_sizes)
-
-    def signature(self) -> tuple:
-        """What members of a group must agree on for the collective to match (torch's analyzer checks these)."""
-        return (self.op, self.in_sizes, self.out_sizes, tuple(self.in_dtypes), tuple(self.out_dtypes))
-
-    def describe(self, groups: dict[str, Group] | None = None) -> str:
-        where = f" at {self.site}" if self.site else ""
-        on = groups[self.group].describe() if groups and self.group in groups else f"group {self.group}"
-        sizes = "x".join(map(str, self.in_sizes[0])) if len(self.in_sizes) == 1 and self.in_sizes[0] else ""
-        what = f"{self.op}" + (f" of {sizes} {self.in_dtypes[0]}" if sizes and self.in_dtypes else "")
-        return f"{what} #{self.seq} on {on}{where}"
-
-
-@dataclass
-class RankRecord:
-    rank: int
-    file: str | None  # None: this rank left no dump
-    calls: list[Call] = field(default_factory=list)  # in the order the rank made them (record_id)
-    wrapped: bool = False  # its buffer had dropped older calls
-    pg_ids: dict[int, str] = field(default_factory=dict)  # pg_id (the rank's count of its groups) -> group key
-    status: dict = field(default_factory=dict)  # pg_status as dumped, by pg_id
-    pg_id_of: dict[str, int] = field(default_factory=dict)  # group key -> pg_id, seen or inferred
-
-    def __post_init__(self) -> None:
-        self._index: dict[str, dict[int, Call]] | None = None  # group -> seq -> call, built on first use
-        self._held: tuple[Call | None] | None = None
-        self._issued: dict[str, int | None] = {}
-
-    @property
-    def dumped(self) -> bool:
-        return self.file is not None
-
-    def replace(self, index: int, call: Call) -> None:
-        self.calls[index] = call
-        self._index, self._held, self._issued = None, None, {}
-
-    def _by_group(self) -> dict[str, dict[int, Call]]:
-        if self._index is None:
-            self._index = {}
-            for c in self.calls:
-                if not c.p2p:
-                    self._index.setdefault(c.group, {})[c.seq] = c
-        return self._index
-
-    def on(self, group: str) -> list[Call]:
-        return sorted(self._by_group().get(group, {}).values(), key=lambda c: c.seq)
-
-    def issued(self, group: str) -> int | None:
-        """How many collectives the rank issued on `group`; None when its dump cannot tell."""
-        if not self.dumped:
-            return None
-        if group not in self._issued:
-            self._issued[group] = self._count(group)
-        return self._issued[group]
-
-    def _count(self, group: str) -> int | None:
-        seqs = list(self._by_group().get(group, {}))
-        # pg_status counts every call of the group, also those the ring buffer has dropped
-        status = self.status.get(str(self.pg_id_of.get(group)), {}) if group in self.pg_id_of else {}
-        enqueued = status.get("last_enqueued_collective") if isinstance(status, dict) else None
-        if isinstance(enqueued, int) and enqueued >= 0:
-            seqs.append(enqueued)
-        if seqs:
-            return max(seqs)
-        return None if self.wrapped and group not in self.pg_id_of else 0
-
-    def at(self, group: str, seq: int) -> Call | None:
-        return self._by_group().get(group, {}).get(seq)
-
-    @property
-    def held(self) -> Call | None:
-        """The call that holds the rank up: its oldest unfinished one (NCCL may have queued more behind it)."""
-        if self._held is None:
-            self._held = (next((c for c in self.calls if not c.finished and not c.p2p), None),)
-        return self._held[0]
-
-    @property
-    def queued(self) -> list[Call]:
-        held = self.held
-        return [c for c in self.calls if held is not None and c.record_id > held.record_id and not c.finished]
-
-
-@dataclass
-class Group:
-    key: str
-    name: str  # torch's group name (pg_config's key, process_group[0] of the entries)
-    desc: str  # its description: default_pg, mesh_<dim>, a user's group_desc, or "undefined"
-    ranks: tuple[int, ...]
-    source: str  # how the members are known: pg_config, mesh, calls, calls+pg_id
-    mesh: int | None = None  # index in Incident.meshes
-    dim: str | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.source in ("pg_config", "mesh", "world")
-
-    def describe(self) -> str:
-        members = _ranks_text(self.ranks)
-        if self.dim is not None:
-            return f"mesh dim {self.dim!r} group {members}"
-        if self.desc == WORLD_DESC:
-            return f"the default group (world {members})"
-        label = "" if self.desc in ("undefined", "") else f" {self.desc!r}"
-        return f"group {self.name}{label} {members}"
-
-
-@dataclass
-class Mesh:
-    shape: tuple[int, ...]
-    names: tuple[str, ...]
-    named: bool  # False: torch named the dims dim_0, dim_1, ... (init_device_mesh without mesh_dim_names)
-    groups: dict[str, list[str]]  # dim -> group keys in the order torch made them
-
-    def coordinate(self, rank: int) -> list[int]:
-        out = []
-        for size in reversed(self.shape):
-            out.append(rank % size)
-            rank //= size
-        return out[::-1]
-
-
-@dataclass
-class Incident:
-    directory: str
-    version: str
-    backend: str
-    comm_lib_version: str
-    world: int
-    ranks: dict[int, RankRecord]
-    groups: dict[str, Group]
-    meshes: list[Mesh]
-    listing: list[int]  # the ranks in the order their files were listed
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def missing(self) -> list[int]:
-        return sorted(r for r, rec in self.ranks.items() if not rec.dumped)
-
-    @property
-    def dumped(self) -> list[int]:
-        return sorted(r for r, rec in self.ranks.items() if rec.dumped)
-
-    def role(self, group: str) -> tuple:
-        """Groups that play one part in the program: every group of one mesh dim, else the group itself."""
-        g = self.groups[group]
-        return ("mesh", g.mesh, g.dim) if g.mesh is not None else ("group", group)
-
-    def role_text(self, role: tuple) -> str:
-        if role[0] == "mesh":
-            return f"mesh dim {role[2]!r}"
-        return self.groups[role[1]].describe()
-
-    def groups_of(self, rank: int) -> list[Group]:
-        return [g for g in self.groups.values() if rank in g.ranks]
+from .dumps import ReplayError
+from .records import (
+    COMPLETED,
+    FAILED,
+    IN_FLIGHT,
+    P2P,
+    P2P_OPS,
+    RETIRED,
+    TIMED_OUT,
+    UNSEEN,
+    WORLD_DESC,
+    Call,
+    Group,
+    Incident,
+    Mesh,
+    ProgramOrder,
+    RankRecord,
+    _numel,
+    _ranks_text,
+    _replace,
+)
 
 
 def build(dumpset: Any, world: int | None = None) -> Incident:
@@ -232,9 +52,8 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
         raise ReplayError(f"{getattr(dumpset, 'directory', '?')}: no dumps")
     version = dumps[0].version
     notes: list[str] = []
-    if is_newer_than_known(version):
-        notes.append(f"dump version {version} is newer than meshsim knows (2.10): fields added since are ignored")
     raw_groups, configured = _groups_seen(dumps)
+    _one_world(dumps, raw_groups, configured)
     key_of = _group_keys(raw_groups, configured, dumps)
     ranks: dict[int, RankRecord] = {}
     backends: Counter = Counter()
@@ -250,15 +69,20 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
             raise ReplayError(f"{dumpset.directory}: world {world} given, but the dumps name rank {size - 1}")
         size = world
     groups = _initial_groups(raw_groups, configured, key_of, ranks, size)
-    meshes = _infer_meshes(groups, size, notes)
+    meshes, size = _meshes_and_world(groups, size, notes, fixed=bool(configured) or world is not None)
+    for g in groups.values():
+        if g.source == "world":
+            g.ranks = tuple(range(size))
     _members_from_pg_ids(groups, ranks, notes)
     _pg_ids_from_members(groups, ranks)
+    _pair_p2p(groups, ranks)
     for rank in range(size):
         ranks.setdefault(rank, RankRecord(rank, None))
     missing = [r for r in range(size) if not ranks[r].dumped]
     if missing:
-        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}: "
-                     f"{'they are' if len(missing) > 1 else 'it is'} never counted as having arrived anywhere")
+        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}: a missing file "
+                     f"does not say whether a rank died, exited, could not write it or lost it, so each is placed "
+                     f"from its peers' dumps, and never counted as having arrived anywhere it is not shown to")
     if not configured and world is None:
         notes.append(f"gloo dumps name no group members, so the world is taken as {size} (ranks 0 to the highest "
                      f"rank a dump or a mesh names); a missing rank above that cannot be seen")
@@ -273,27 +97,22 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
     incident = Incident(dumpset.directory if hasattr(dumpset, "directory") else "", version, backend,
                         dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
                         [d.rank for d in dumps], notes)
+    incident.siblings = _siblings(incident)
+    _lines_from_peers(incident)
+    _one_job(incident)
     _settle_gloo_states(incident)
+    _older_dumps(incident)
+    from .absent import infer, unrecorded_holds  # (they read the incident this module builds)
+
+    incident.absent = infer(incident)
+    incident.notes += [absent.text for absent in incident.absent.values()]
+    incident.unrecorded = unrecorded_holds(incident)
+    for rank, call in incident.unrecorded.items():
+        incident.notes.append(f"rank {rank}'s dump records no call after its last one, but its next call in the "
+                              f"program is {call.describe(incident.groups)}, which a member went past without "
+                              f"making: it is taken to wait there, before Flight Recorder writes the call's entry "
+                              f"(in the group's creation, or its communicator's set-up)")
     return incident
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(set(ranks))
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return "[" + ", ".join(parts) + "]"
 
 
 def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int, ...]]]]:
@@ -311,6 +130,10 @@ def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int,
             seen.append((str(conf.get("name", name)), str(conf.get("desc", ""))))
             if ranks:
                 members = configured.setdefault(str(conf.get("name", name)), [])
+                clash = next((m for m in members if set(m) & set(ranks) and m != tuple(ranks)), None)
+                if clash is not None:  # split_group's subgroups share a name, but never a rank
+                    raise ReplayError(f"{dump.path}: group {conf.get('name', name)} has ranks {ranks} here and "
+                                      f"{list(clash)} in another dump: dumps from different jobs?")
                 if tuple(ranks) not in members:
                     members.append(tuple(ranks))
         for name, desc in seen:
@@ -320,6 +143,20 @@ def _groups_seen(dumps: list) -> tuple[dict[str, str], dict[str, list[tuple[int,
                                   f"{descs[name][1]}: dumps from different jobs?")
             descs.setdefault(name, (desc, dump.path))
     return {n: d for n, (d, _) in descs.items()}, configured
+
+
+def _one_world(dumps: list, descs: dict[str, str], configured: dict[str, list[tuple[int, ...]]]) -> None:
+    """Every dump's rank is in the world its default group names (a dump of a larger or smaller run is not)."""
+    for name, desc in descs.items():
+        if desc != WORLD_DESC:
+            continue
+        for members in configured.get(name, []):
+            outside = next((d for d in dumps if d.rank not in members), None)
+            if outside is not None:
+                said = next(d for d in dumps if str(name) in d.pg_config or any(
+                    str(c.get("name")) == name for c in d.pg_config.values() if isinstance(c, dict)))
+                raise ReplayError(f"{said.path}: its default group is ranks {_ranks_text(members)}, but "
+                                  f"{outside.path} is rank {outside.rank}: dumps from different jobs?")
 
 
 def _parse_ranks(path: str, text: Any) -> list[int]:
@@ -391,18 +228,21 @@ def _rank_record(dump: Any, key_of: dict, backends: Counter) -> RankRecord:
 
 def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
     """One call from its entries: NCCL writes a coalesced call as its ops plus a closing marker, all under
-    one collective_seq_id."""
+    one collective_seq_id (the marker is "coalesced", or "ALLGATHER_coalesced" / "REDUCE_SCATTER_coalesced"
+    after the ops of all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced's slow path)."""
     key, seq, p2p = slot
     names = [str(e["profiling_name"]).partition(":")[2] for e in entries]
-    ops = tuple(n for n in names if n != "coalesced") or tuple(names)
+    marker = len(entries) > 1 and _is_marker(names[-1], entries[-1])
+    parts = entries[:-1] if marker else entries
+    ops = tuple(names[:-1] if marker else names)
     first = entries[0]
     last = entries[-1]
     op, _, peer = ops[0].partition(" ")
-    in_sizes = tuple(tuple(s) for e in entries for s in e["input_sizes"])
-    out_sizes = tuple(tuple(s) for e in entries for s in e["output_sizes"])
-    in_dtypes = tuple(d for e in entries for d in e.get("input_dtypes", ()))
-    out_dtypes = tuple(d for e in entries for d in e.get("output_dtypes", ()))
-    fr_state = str(last["state"])
+    in_sizes = tuple(tuple(s) for e in parts for s in e["input_sizes"])
+    out_sizes = tuple(tuple(s) for e in parts for s in e["output_sizes"])
+    in_dtypes = tuple(d for e in parts for d in _dtypes(e.get("input_dtypes")))
+    out_dtypes = tuple(d for e in parts for d in _dtypes(e.get("output_dtypes")))
+    fr_state = str(last["state"])  # a coalesced call's state is its marker's: the work that runs them all
     retired = all(bool(e["retired"]) for e in entries)
     if gloo:
         state = RETIRED if retired else IN_FLIGHT  # gloo always writes "scheduled"
@@ -414,7 +254,89 @@ def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
     return Call(rank, key, seq, op, in_sizes, out_sizes, in_dtypes, out_dtypes, state, fr_state, _site(frames),
                 int(first["record_id"]), int(first.get("time_created_ns") or 0),
                 ops if len(ops) > 1 else (), p2p, peer,
-                tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames))
+                tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames),
+                _int(first.get("timeout_ms")))
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _is_marker(name: str, entry: dict) -> bool:
+    """The entry that closes a coalesced call: named for the coalescing, and with no tensors of its own."""
+    named = name == "coalesced" or name.endswith("_coalesced")
+    return named and not any(_numel(s) for s in list(entry["input_sizes"]) + list(entry["output_sizes"]) if s)
+
+
+def _dtypes(value: Any) -> tuple[str, ...]:
+    """Flight Recorder writes a list of dtype names; older writers and torch's own tests a single string."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    return tuple(str(d) for d in value)
+
+
+def _pair_p2p(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
+    """Point-to-point calls as calls on a group of their two ranks, one a direction: NCCL matches a rank's k-th
+    send to a peer with that peer's k-th receive from it, so each route counts its own calls, and a rank held in
+    a send waits for its peer as a rank held in a collective waits for the group's members. The ops of a batch
+    (batch_isend_irecv: one p2p_seq_id, closed by a "coalesced" entry) are one call a route."""
+    pairs: dict[tuple[str, int, int], str] = {}
+    for record in ranks.values():
+        counts: Counter = Counter()
+        calls: list[Call] = []
+        for call in record.calls:
+            if not call.p2p:
+                calls.append(call)
+                continue
+            members = groups[call.group].ranks
+            ops = call.ops or (f"{call.op} {call.peer}",)
+            for index, text in enumerate(ops):
+                peer = _p2p_peer(text, members)
+                if peer is None:
+                    continue  # a marker, or a peer outside what the group's members say
+                a, b = (record.rank, peer) if text.startswith("send") else (peer, record.rank)
+                key = pairs.setdefault((call.group, a, b), f"{groups[call.group].name}:{a}->{b}")
+                counts[key] += 1
+                sizes = call.in_sizes[index:index + 1] if len(call.in_sizes) == len(ops) else call.in_sizes
+                calls.append(_replace(call, group=key, seq=counts[key], op=text.split(" ")[0], ops=(), peer=text,
+                                      in_sizes=sizes, out_sizes=sizes))
+        record.set_calls(calls)
+    for (group, a, b), key in pairs.items():
+        groups[key] = Group(key, groups[group].name, groups[group].desc, tuple(sorted((a, b))), P2P, route=(a, b))
+    _settle_batches(groups, ranks)
+
+
+def _settle_batches(groups: dict[str, Group], ranks: dict[int, RankRecord]) -> None:
+    """A batch's state is the state of all its ops together: an op of an unfinished batch whose peer made the
+    matching call went through, and only the batch's other ops hold the rank (where it waits for their peers)."""
+    for record in ranks.values():
+        batches = Counter(c.record_id for c in record.calls if c.p2p)
+        for index, call in enumerate(list(record.calls)):
+            if not call.p2p or call.finished or batches[call.record_id] < 2:
+                continue
+            peer = next(r for r in groups[call.group].ranks if r != record.rank)
+            if peer in ranks and ranks[peer].dumped and ranks[peer].at(call.group, call.seq) is not None:
+                record.replace(index, _replace(call, state=COMPLETED))
+
+
+def _p2p_peer(text: str, members: tuple[int, ...]) -> int | None:
+    """The global rank at the other end of "send 0->1" / "recv 1<-0" (ranks within the group, as NCCL writes)."""
+    op, _, ends = text.partition(" ")
+    try:
+        if op == "send":
+            local = int(ends.split("->")[1])
+        elif op == "recv":
+            local = int(ends.split("<-")[1])
+        else:
+            return None
+    except (IndexError, ValueError):
+        return None
+    return members[local] if 0 <= local < len(members) else None
 
 
 def _initial_groups(descs: dict[str, str], configured: dict, key_of: dict, ranks: dict[int, RankRecord],
@@ -451,6 +373,24 @@ def _dim_of(group: Group) -> str:
     dim = _mesh_dim(group.desc)
     assert dim is not None
     return dim
+
+
+def _meshes_and_world(groups: dict[str, Group], size: int, notes: list[str], fixed: bool) -> tuple[list[Mesh], int]:
+    """The meshes, and the world they span. Where nothing names the world (gloo's dumps name no members), the
+    highest rank with a dump may not be the last rank: a world a little larger, which the DeviceMesh groups' names
+    fit when the smaller one fits nothing, is the job's (its last ranks left no dump)."""
+    tried: list[str] = []
+    meshes = _infer_meshes(groups, size, tried)
+    if meshes or fixed or not any(_mesh_dim(g.desc) for g in groups.values()):
+        notes += tried
+        return meshes, size
+    for larger in range(size + 1, 2 * size + 1):
+        meshes = _infer_meshes(groups, larger, [])
+        if meshes:
+            notes.append(f"the world is {larger}, not the {size} that the dumps' highest rank says: the DeviceMesh "
+                         f"groups fit a world of {larger} only")
+            return meshes, larger
+    return [], size
 
 
 def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> list[Mesh]:
@@ -690,25 +630,121 @@ def _pg_ids_from_members(groups: dict[str, Group], ranks: dict[int, RankRecord])
             record._issued = {}
 
 
-def _settle_gloo_states(incident: Incident) -> None:
-    """gloo retires a call whether it completed or raised. A collective completes on every member or on
-    none, so a retired call that a member never issued, or that a member still waits in, raised."""
+def _siblings(incident: Incident) -> dict[str, str]:
+    """Groups outside any mesh (the default group aside) that one line of code calls on, with no rank in common."""
+    from ..judge.blame import sibling_parts
+
+    at: dict[Any, set[str]] = {}
     for record in incident.ranks.values():
-        for index, call in enumerate(record.calls):
-            if call.state != RETIRED or call.p2p:
+        for c in record.calls:
+            g = incident.groups[c.group]
+            if g.mesh is None and g.desc != WORLD_DESC and c.site is not None:
+                at.setdefault((c.site, c.op), set()).add(c.group)
+    members = {key: frozenset(g.ranks) for key, g in incident.groups.items()}
+    return {group: part[1] for group, part in sibling_parts(at, members).items()}
+
+
+def _lines_from_peers(incident: Incident) -> None:
+    """A dump written without stack traces says no line: its calls take the line the other ranks made the same
+    call from (same part of the program, same count, same op), so that the replay keeps them one step."""
+    lines: dict[tuple, Counter] = {}
+    for record in incident.ranks.values():
+        for c in record.calls:
+            if c.site is not None:
+                lines.setdefault((incident.role(c.group), c.seq, c.op), Counter())[c.site] += 1
+    filled = set()
+    for record in incident.ranks.values():
+        for index, c in enumerate(record.calls):
+            votes = lines.get((incident.role(c.group), c.seq, c.op)) if c.site is None else None
+            if votes:
+                record.replace(index, _replace(c, site=votes.most_common(1)[0][0]))
+                filled.add(record.rank)
+    if filled:
+        incident.notes.append(f"the dump{'s' if len(filled) > 1 else ''} of rank{'s' if len(filled) > 1 else ''} "
+                              f"{_ranks_text(filled)} hold no stack frames: {'their' if len(filled) > 1 else 'its'} "
+                              f"calls' lines are those the other ranks made the same calls from")
+
+
+def _one_job(incident: Incident) -> None:
+    """Members of one collective issue it within its timeout of each other, or it could not have finished: a
+    finished call whose members made it further apart than that comes from two runs of a job, not one."""
+    for key, g in incident.groups.items():
+        calls: dict[int, list[Call]] = {}
+        for r in g.ranks:
+            for c in incident.ranks[r].on(key) if incident.ranks[r].dumped else ():
+                if c.finished and c.time_ns and c.timeout_ms:
+                    calls.setdefault(c.seq, []).append(c)
+        for made in calls.values():
+            early, late = min(made, key=lambda c: c.time_ns), max(made, key=lambda c: c.time_ns)
+            apart = (late.time_ns - early.time_ns) / 1e6
+            if apart > max(c.timeout_ms for c in made):
+                raise ReplayError(f"{incident.ranks[late.rank].file}: {late.describe(incident.groups)} finished, "
+                                  f"yet it was made {apart / 1000:.0f} s after rank {early.rank} made it "
+                                  f"({incident.ranks[early.rank].file}), longer than its {early.timeout_ms / 1000:.0f}"
+                                  f" s timeout: dumps from different runs of a job")
+
+
+def _older_dumps(incident: Incident) -> None:
+    """A collective finishes only once every member made it. A member whose dump shows fewer calls on the group
+    than a peer finished (and went past) wrote it before making that call, while the job still moved, or it
+    comes from another run of the job: said, since its place in the dumps is then not where it ended up."""
+    for key, g in incident.groups.items():
+        if g.source == P2P:
+            continue  # a small send can finish before its receive is posted (NCCL's eager protocol)
+        finished = {}
+        for r in g.ranks:
+            rec = incident.ranks[r]
+            last = _last_call(rec) if rec.dumped else None
+            for c in rec.on(key) if rec.dumped else ():
+                if c.finished and c is not last:
+                    finished[c.seq] = c
+        if not finished:
+            continue
+        top = max(finished)
+        for r in g.ranks:
+            count = incident.ranks[r].issued(key)
+            if count is not None and count < top and incident.ranks[r].wrapped is False:
+                c = finished[top]
+                incident.notes.append(
+                    f"rank {r}'s dump shows {count} call{'s' if count != 1 else ''} on {g.describe()}, but rank "
+                    f"{c.rank} finished #{top} there and went on, which needs rank {r} to have made it: rank {r}'s "
+                    f"dump was written earlier than its peers' (the job still moved), or comes from another run")
+
+
+def _settle_gloo_states(incident: Incident) -> None:
+    """What the states in the dumps do not say directly.
+
+    A call the rank has returned from can still show in flight: gloo retires an entry after the call returns, so
+    a rank that raised right after a collective dumps it unretired. A collective completes on every member or on
+    none, so where a member finished the same call and went on to others, it completed here too.
+
+    gloo retires a call whether it completed or raised. An exception in a collective ends the rank's work (the
+    calls after it are not made), so a retired call that is the rank's last, and that a member never issued or
+    still waits in, raised."""
+    went_on: dict[tuple, bool] = {}  # (group, seq, signature) -> a member finished it and went on
+    for record in incident.ranks.values():
+        last = _last_call(record)
+        if last is not None and last.state == IN_FLIGHT and _finished_elsewhere(incident, last, went_on):
+            record.replace(record.calls.index(last), _replace(last, state=RETIRED if last.fr_state == "scheduled"
+                                                                and incident.backend == "gloo" else COMPLETED))
+            incident.notes.append(f"rank {record.rank}'s dump shows {last.describe(incident.groups)} in flight, "
+                                  f"but a member finished it and went on: it completed (Flight Recorder marks a "
+                                  f"call after its caller has returned; the rank dumped before that)")
+    for record in incident.ranks.values():
+        last = _last_call(record)
+        if last is None or last.state != RETIRED:
+            continue
+        for m in incident.groups[last.group].ranks:
+            other = incident.ranks.get(m)
+            if other is None or not other.dumped or m == record.rank:
                 continue
-            members = incident.groups[call.group].ranks
-            for m in members:
-                other = incident.ranks.get(m)
-                if other is None or not other.dumped or m == record.rank:
-                    continue
-                count = other.issued(call.group)
-                theirs = other.at(call.group, call.seq)
-                if (count is not None and count < call.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
-                    record.replace(index, _replace(call, state=FAILED))
-                    break
+            count = other.issued(last.group)
+            theirs = other.at(last.group, last.seq)
+            if (count is not None and count < last.seq) or (theirs is not None and theirs.state == IN_FLIGHT):
+                record.replace(record.calls.index(last), _replace(last, state=FAILED))
+                break
     # A member without a dump never finished a call that a dumped member of its group still waits in, nor
-    # any call the program makes after that one: a retired call of such a group that comes later raised.
+    # any call the program makes after that one: such a retired call, last on its rank, raised.
     order = ProgramOrder(incident)
     for m in incident.missing:
         never = {order.key(rec.held) for rec in incident.ranks.values()
@@ -717,28 +753,30 @@ def _settle_gloo_states(incident: Incident) -> None:
         if not never:
             continue
         for record in incident.ranks.values():
-            for index, call in enumerate(record.calls):
-                if call.state != RETIRED or call.p2p or m not in incident.groups[call.group].ranks:
-                    continue
-                key = order.key(call)
-                if key in never or any(order.precedes(k, key) for k in never):
-                    record.replace(index, _replace(call, state=FAILED))
+            call = _last_call(record)
+            if call is None or call.state != RETIRED or m not in incident.groups[call.group].ranks:
+                continue
+            key = order.key(call)
+            if key in never or any(order.precedes(k, key) for k in never):
+                record.replace(record.calls.index(call), _replace(call, state=FAILED))
 
 
-def _replace(call: Call, **changes: Any) -> Call:
-    from dataclasses import replace
-
-    return replace(call, **changes)
+def _last_call(record: RankRecord) -> Call | None:
+    return record.calls[-1] if record.calls else None
 
 
-class ProgramOrder(_VotedOrder):
-    """The program order of an incident's dumped ranks (meshsim.judge.blame.ProgramOrder: by majority vote); a
-    call is named by its group's role and its count on the group."""
-
-    def __init__(self, incident: Incident):
-        self.incident = incident
-        super().__init__([self.key(c) for c in record.calls if not c.p2p]
-                         for record in incident.ranks.values() if record.dumped)
-
-    def key(self, call: Call) -> tuple:
-        return (self.incident.role(call.group), call.seq)
+def _finished_elsewhere(incident: Incident, call: Call, seen: dict[tuple, bool]) -> bool:
+    """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls."""
+    key = (call.group, call.seq, call.signature())
+    if key not in seen:
+        seen[key] = False
+        for m in incident.groups[call.group].ranks:
+            other = incident.ranks.get(m)
+            if other is None or not other.dumped:
+                continue
+            theirs = other.at(call.group, call.seq)
+            if theirs is not None and theirs.finished and theirs.signature() == key[2] \
+                    and other.calls[-1].record_id > theirs.record_id:  # (calls are in record_id order)
+                seen[key] = True
+                break
+    return seen[key]

@@ -2,15 +2,18 @@
 
 A hang is reproduced by the per-group sequence of blocking calls and by which ranks make which, so the plan
 is a common supersequence of the ranks' recorded calls: a step is one call (op, group, size, the line that
-made it), and only_on / skip_on say which ranks made it. Each rank runs exactly its own recorded sequence,
-so the replay hangs where the job hung, and removing a rank's divergence (a skip_on, an only_on step, a
-sleep) is the fix to try. A rank without a dump makes the calls its peers completed with it, then exits; a
-rank that stalled outside any collective sleeps past the deadline after its last call.
+made it), and only_on / skip_on say which ranks made it; groups that one line calls on with no rank in common
+are one step, each rank on its own group (on_rank). Each rank runs exactly its own recorded sequence, so the
+replay hangs where the job hung, and removing a rank's divergence (a skip_on, an only_on step, a sleep) is the
+fix to try. A rank without a dump that is gone makes the calls its peers completed with it, then exits; one
+that is placed elsewhere (meshsim.replay.absent) makes the calls its peers prove it made, then goes on with
+the program; a rank that stalled outside any collective sleeps past the deadline after its last call.
 
 Flight Recorder does not record everything a plan op needs; what is replaced is said in the description:
 roots of broadcast and scatter (src 0), all_gather's sizes (the plan's all_gather has none), ops the plan
-language lacks (replayed as the nearest blocking call on the same group), point-to-point ops (left out),
-and sizes beyond what a replay needs (large tensors keep their equalities, not their sizes).
+language lacks (replayed as the nearest blocking call on the same group), point-to-point calls (a barrier of
+the two ranks on a group of their own), and sizes beyond what a replay needs (large tensors keep their
+equalities, not their sizes).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .analyze import DEAD, MISMATCH, STALLED, Analysis
-from .incident import (
+from .records import (
     COMPLETED,
+    P2P,
     RETIRED,
     UNSEEN,
     WORLD_DESC,
@@ -54,6 +58,9 @@ for _op in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "
               "REDUCE_SCATTER_coalesced", "reduce_scatter_single", "reduce_scatter_v", "reducescatter"):
     OPS[_op] = ("reduce_scatter", "out", None)
 OPS["scatter"] = ("scatter", "out", "scatter's root is not recorded: replayed from group rank 0")
+for _op in ("send", "recv"):
+    OPS[_op] = ("barrier", None, "point-to-point send and recv are replayed as a barrier of the two ranks on a "
+                                 "group of their own (a plan has no send or recv): each blocks until the other comes")
 OPS["gather"] = ("all_gather", None, "gather (to one rank) is replayed as all_gather: the same ranks block")
 for _op in ("all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall_base", "alltoall"):
     OPS[_op] = ("all_gather", None, "all_to_all is replayed as all_gather: every rank exchanges with every other")
@@ -166,9 +173,8 @@ def _common_start(incident: Incident) -> dict[tuple, int]:
     for rec in incident.ranks.values():
         firsts: dict[tuple, int] = {}
         for c in rec.calls:
-            if not c.p2p:
-                role = incident.role(c.group)
-                firsts[role] = min(firsts.get(role, c.seq), c.seq)
+            role = incident.role(c.group)
+            firsts[role] = min(firsts.get(role, c.seq), c.seq)
         for role, first in firsts.items():
             start[role] = max(start.get(role, 1), first)
     return start
@@ -177,9 +183,6 @@ def _common_start(incident: Incident) -> dict[tuple, int]:
 def _replayed_calls(incident: Incident, rank: int, start: dict[tuple, int], left_out: dict) -> list[Call]:
     out = []
     for c in incident.ranks[rank].calls:
-        if c.p2p:
-            left_out[f"point-to-point {c.op} calls (a plan has no send or recv)"] = None
-            continue
         role = incident.role(c.group)
         if c.seq < start[role]:
             left_out[f"calls on {incident.role_text(role)} before #{start[role]} (a rank's buffer had dropped "
@@ -206,6 +209,8 @@ def _token(incident: Incident, call: Call, replaced: dict, sizes: _SizeMap) -> t
     op, numel_from, note = OPS.get(call.op, ("barrier", None, fallback))
     if note:
         replaced[note] = None
+    if call.p2p:  # a send and its receive come from different lines, and are one step: the route's k-th exchange
+        return (incident.role(call.group), op, None, P2P)
     numel = None
     if numel_from == "in":
         numel = sizes(call.in_numel)
@@ -279,8 +284,17 @@ def _step_table(incident: Incident, step: Step, handles: dict, sizes: _SizeMap) 
         table["mesh"], table["dim"] = "world", "world"
         eligible = set(range(incident.world))
     else:
-        table["group"] = handles[("group", role[1])]
-        eligible = set(incident.groups[role[1]].ranks)  # the others are not members: the step does nothing there
+        part = incident.part(role)
+        eligible = {r for g in part for r in g.ranks}  # the others are not members: the step does nothing there
+        own = {r: g.key for g in part for r in g.ranks}
+        first = own[min(step.ranks & eligible)] if step.ranks & eligible else part[0].key
+        table["group"] = handles[("group", first)]
+        # groups one line calls on with no rank in common: each rank makes the call on its own (one step, as one
+        # line of the job's code, so that the judge sees one part of the program); every member says which, so
+        # that dropping a skip_on makes a skipping rank make the call on its own group
+        overrides = {str(r): {"group": handles[("group", own[r])]} for r in sorted(eligible) if own[r] != first}
+        if overrides:
+            table["on_rank"] = overrides
     if numel is not None:
         table["numel"] = numel
     _select(table, step.ranks, eligible, incident.world)
@@ -324,17 +338,13 @@ def _faults(incident: Incident, analysis: Analysis, steps: list[Step], deadline:
                          f"its place: gloo, where replays run, does not hang on it as NCCL does (it aborts a rank "
                          f"or returns wrong sums: finding gloo-size-mismatch-silent)"] = None
                 break
+    dead = {c.rank for c in analysis.causes if c.kind == DEAD}
     for m in incident.missing:
-        position = len(steps)
-        for index, step in enumerate(steps):
-            done = None if step.fault is not None else _completed_with(incident, step, m)
-            if done is None:
-                continue  # the call is not on a group of m's
-            if not done:
-                position = index
-                break
-            step.ranks.add(m)
-        steps.insert(position, Step(("fault",), {m}, fault={"op": "exit", "code": 1, "only_on": [m]}))
+        absent = incident.absent.get(m)
+        if absent is None or absent.gone or m in dead:
+            _exit_where_it_stopped(incident, steps, m)
+        else:
+            _make_proven_calls(incident, steps, {(c.group, c.seq) for c in absent.proven}, m)
     for r in sorted({c.rank for c in analysis.causes if c.kind == STALLED}):
         last = max((i for i, s in enumerate(steps) if r in s.ranks), default=-1)
         steps.insert(last + 1, Step(("fault",), {r}, fault={"op": "sleep", "seconds": seconds, "only_on": [r]}))
@@ -358,23 +368,41 @@ def _carry_on(incident: Incident, steps: list[Step]) -> None:
             if step.fault is not None:
                 continue
             role = step.token[0]
-            group = incident.groups.get(role[1]) if role[0] == "group" else None
-            if group is None or group.desc == WORLD_DESC or rank in group.ranks:
+            if role[0] == "mesh" or any(rank in g.ranks or g.desc == WORLD_DESC for g in incident.part(role)):
                 step.ranks.add(rank)
+
+
+def _exit_where_it_stopped(incident: Incident, steps: list[Step], m: int) -> None:
+    """A rank that is gone makes every call its peers completed with it, then exits before the first one
+    they did not."""
+    position = len(steps)
+    for index, step in enumerate(steps):
+        done = None if step.fault is not None else _completed_with(incident, step, m)
+        if done is None:
+            continue  # the call is not on a group of m's
+        if not done:
+            position = index
+            break
+        step.ranks.add(m)
+    steps.insert(position, Step(("fault",), {m}, fault={"op": "exit", "code": 1, "only_on": [m]}))
+
+
+def _make_proven_calls(incident: Incident, steps: list[Step], proven: set[tuple[str, int]], m: int) -> None:
+    """A rank without a dump that is taken to be alive makes the calls its peers prove it made (and none that
+    they show it went past); after them it goes on with the program (_carry_on), as its twins do."""
+    for step in steps:
+        if step.fault is None and any((c.group, c.seq) in proven for r, c in step.calls.items()
+                                      if m in incident.groups[c.group].ranks):
+            step.ranks.add(m)
 
 
 def _completed_with(incident: Incident, step: Step, m: int) -> bool | None:
     """Whether m's group in this step's role completed the call with the dumped members that made it;
     None when the step is not on a group of m's."""
-    role = step.token[0]
-    if role[0] == "mesh":
-        mine = [g for g in incident.groups.values() if g.mesh == role[1] and g.dim == role[2] and m in g.ranks]
-    else:
-        g = incident.groups[role[1]]
-        mine = [g] if m in g.ranks else []
+    mine = [g for g in incident.part(step.token[0]) if m in g.ranks]
     if not mine:
         return None
-    peers = [r for r in step.ranks if r in mine[0].ranks and r != m]
+    peers = [r for r in step.calls if r in mine[0].ranks and r != m]  # ranks with a dump that made the call
     if not peers:
         return None
     return all(step.calls[r].state in (COMPLETED, RETIRED) for r in peers)
@@ -429,6 +457,8 @@ def dumps(data: dict, comments: list[str | None] | None = None) -> str:
             return json.dumps(v, ensure_ascii=False)  # a JSON string is a TOML basic string
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table (on_rank's overrides)
+            return "{ " + ", ".join(f"{json.dumps(str(k))} = {value(x)}" for k, x in v.items()) + " }"
         raise TypeError(f"no TOML for {type(v).__name__}")
 
     def block(text: str) -> str:

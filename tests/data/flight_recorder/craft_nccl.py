@@ -41,13 +41,15 @@ class Rank:
         self.entries = []
         self.counts = {name: 0 for name in groups}
         self.p2p = {name: 0 for name in groups}
+        self.frames = True
 
     def call(self, group, op, ins, outs, state, line, *, retired=None, dtype="Float", coalesced_with=None,
-             p2p=None):
-        """One entry; `coalesced_with` reuses the seq of the previous call on the group (NCCL's slow path)."""
-        if p2p is not None:
+             p2p=None, same_p2p=False):
+        """One entry; `coalesced_with` reuses the seq of the previous call on the group (NCCL's slow path), and
+        `same_p2p` the p2p_seq_id of the previous p2p op (the ops of one batch_isend_irecv)."""
+        if p2p is not None and not same_p2p:
             self.p2p[group] += 1
-        elif coalesced_with is None:
+        elif p2p is None and coalesced_with is None:
             self.counts[group] += 1
         seq = self.counts[group]
         record_id = len(self.entries)
@@ -55,21 +57,30 @@ class Rank:
         started = created + 50_000 if state in ("started", "completed") else None
         completed = created + 900_000 if state == "completed" else None
         desc = self.groups[group][0]
-        self.entries.append({
+        entry = {
             "record_id": record_id, "pg_id": self.pg_id[group], "process_group": (group, desc),
             "collective_seq_id": seq, "p2p_seq_id": self.p2p[group], "op_id": record_id + 1,
             "profiling_name": f"nccl:{op}" + (f" {p2p}" if p2p else ""), "time_created_ns": created,
-            "duration_ms": 0.85 if state == "completed" else None,
             "input_sizes": ins, "input_dtypes": [dtype] * len(ins), "output_sizes": outs,
             "output_dtypes": [dtype] * len(outs), "state": state, "time_discovered_started_ns": started,
             "time_discovered_completed_ns": completed,
             "retired": state == "completed" if retired is None else retired,
             "timeout_ms": 600000, "is_p2p": p2p is not None, "thread_id": "140001", "thread_name": "pt_main_thread",
-            "frames": [{"name": op.lstrip("_"), "filename": "/usr/lib/python3/site-packages/torch/distributed/"
-                        "distributed_c10d.py", "line": 3245},
-                       {"name": "train_step", "filename": SCRIPT, "line": line},
-                       {"name": "<module>", "filename": SCRIPT, "line": 90}],
-        })
+        }
+        if state == "completed":
+            entry["duration_ms"] = 0.85  # FlightRecorderDetail.hpp writes it only once it is known
+        if self.frames:  # absent when the dump was asked for without stack traces
+            entry["frames"] = [{"name": op.lstrip("_"), "filename": "/usr/lib/python3/site-packages/torch/distributed/"
+                                "distributed_c10d.py", "line": 3245},
+                               {"name": "train_step", "filename": SCRIPT, "line": line},
+                               {"name": "<module>", "filename": SCRIPT, "line": 90}]
+        self.entries.append(entry)
+
+    def batch(self, group, ops, state, line):
+        """batch_isend_irecv: its ops share one p2p_seq_id, closed by a "coalesced" entry marked p2p."""
+        for index, (op, peer, size) in enumerate(ops):
+            self.call(group, op, [[size]], [[size]], state, line, p2p=peer, same_p2p=index > 0)
+        self.call(group, "coalesced", [], [], state, line, p2p="", same_p2p=True)
 
     def dump(self, path):
         status = {}
@@ -163,7 +174,98 @@ def nccl_size_mismatch_timeout(out):
         rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
 
 
-CASES = {"nccl_skip_on_mesh_dim": nccl_skip_on_mesh_dim, "nccl_size_mismatch_timeout": nccl_size_mismatch_timeout}
+def new_groups(world, made):
+    """Groups made with new_group (no bound device: sequential names), `made` = [(desc, members), ...] in the
+    order every rank made them; each rank's pg_config lists the ones it is a member of."""
+    out = {r: {"0": ("default_pg", list(range(world)))} for r in range(world)}
+    for index, (desc, members) in enumerate(made, start=1):
+        for r in members:
+            out[r][str(index)] = (desc, members)
+    return out
+
+
+def nccl_pipeline_recv_skipped(out):
+    """Two pipeline stages of two ranks (a 2 x 2 (pp, dp) mesh made with new_group: pp groups [0, 2] and [1, 3],
+    dp groups [0, 1] and [2, 3]). Each of three steps: stage 0 sends its activations to its stage-1 peer on the pp
+    group, stage 1 receives them, then every rank all_reduces on dp; a barrier ends the job. Rank 3 skips its
+    receive in step 2, so its step-3 receive takes rank 1's step-2 send, and rank 1's third send never finds a
+    receive: rank 1 is held in it (started), its dp all_reduce and the barrier queued behind (scheduled); rank
+    0 waits in dp #3 for rank 1; ranks 2 and 3 wait in the barrier. Rank 2 dumped without stack frames."""
+    groups = new_groups(4, [("mesh_pp", [0, 2]), ("mesh_pp", [1, 3]), ("mesh_dp", [0, 1]), ("mesh_dp", [2, 3])])
+    act = [[4, 1024]]
+    ranks = {r: Rank(r, groups[r]) for r in range(4)}
+    ranks[2].frames = False
+    pp = {0: "1", 2: "1", 1: "2", 3: "2"}
+    dp = {0: "3", 1: "3", 2: "4", 3: "4"}
+    for r in (0, 2):
+        rank = ranks[r]
+        for step in range(3):
+            if r == 0:
+                rank.call(pp[r], "send", act, act, "completed", 31, p2p="0->1")
+            else:
+                rank.call(pp[r], "recv", act, act, "completed", 33, p2p="1<-0")
+            rank.call(dp[r], "all_reduce", [[1024]], [[1024]], "started" if (r, step) == (0, 2) else "completed", 35)
+        rank.call("0", "all_reduce_barrier", [[1]], [[1]], "scheduled" if r == 0 else "started", 37)
+    one, three = ranks[1], ranks[3]
+    for step, state in enumerate(("completed", "completed", "started")):
+        one.call(pp[1], "send", act, act, state, 31, p2p="0->1")
+        one.call(dp[1], "all_reduce", [[1024]], [[1024]], "completed" if step < 2 else "scheduled", 35)
+    one.call("0", "all_reduce_barrier", [[1]], [[1]], "scheduled", 37)
+    for step in range(3):
+        if step != 1:
+            three.call(pp[3], "recv", act, act, "completed", 33, p2p="1<-0")
+        three.call(dp[3], "all_reduce", [[1024]], [[1024]], "completed", 35)
+    three.call("0", "all_reduce_barrier", [[1]], [[1]], "started", 37)
+    for r, rank in ranks.items():
+        rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
+
+
+def nccl_ring_batch_straggler(out):
+    """Four ranks; each step exchanges around a ring with batch_isend_irecv (send to the next rank, receive from
+    the previous: one p2p_seq_id, closed by a "coalesced" entry), then all_gathers two shards with
+    all_gather_into_tensor_coalesced on its slow path (two _all_gather_base entries closed by an
+    "ALLGATHER_coalesced" marker, one collective_seq_id). Rank 2 stalls before the second step's exchange: its
+    ring neighbours 1 and 3 are held in their batches (rank 1's send to 2, rank 3's receive from 2), rank 0
+    finished its batch and waits in the all_gather (started)."""
+    groups = new_groups(4, [])
+    ranks = {r: Rank(r, groups[r]) for r in range(4)}
+    for step in range(2):
+        for r, rank in ranks.items():
+            if r == 2 and step == 1:
+                continue
+            nxt, prv = (r + 1) % 4, (r - 1) % 4
+            held = step == 1 and r in (1, 3)
+            rank.batch("0", [("send", f"{r}->{nxt}", 256), ("recv", f"{r}<-{prv}", 256)],
+                       "started" if held else "completed", 51)
+            state = "completed" if step == 0 else "started" if r == 0 else "scheduled"
+            rank.call("0", "_all_gather_base", [[64]], [[256]], state, 53)
+            rank.call("0", "_all_gather_base", [[64]], [[256]], state, 53, coalesced_with=True)
+            rank.call("0", "ALLGATHER_coalesced", [], [], state, 53, coalesced_with=True)
+    for r, rank in ranks.items():
+        rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
+
+
+def nccl_skip_group_creation(out):
+    """skip_group_creation as NCCL records it: rank 5 skips init_device_mesh (2 x 4, dp and tp, made with new_group:
+    sequential names, and NCCL sets a communicator up at its first collective) and goes on to the default group's
+    second all_reduce. Ranks 0-3 made their tp all_reduce and wait in that second all_reduce; ranks 4, 6 and 7 are
+    held setting up the tp communicator with rank 5, before any entry is recorded: their dumps show the first
+    all_reduce and nothing after it. Rank 5 made no group, so its pg_config has the default group only."""
+    mesh = [("mesh_dp", [c, 4 + c]) for c in range(4)] + [("mesh_tp", [0, 1, 2, 3]), ("mesh_tp", [4, 5, 6, 7])]
+    groups = new_groups(8, mesh)
+    groups[5] = {"0": groups[5]["0"]}
+    for r in range(8):
+        rank = Rank(r, groups[r])
+        rank.call("0", "all_reduce", [[4]], [[4]], "completed", 20)
+        if r < 4:
+            rank.call("5", "all_reduce", [[4]], [[4]], "completed", 23)
+        if r < 4 or r == 5:
+            rank.call("0", "all_reduce", [[4]], [[4]], "started", 24)
+        rank.dump(os.path.join(out, f"nccl_trace_rank_{r}"))
+
+
+CASES = {"nccl_skip_on_mesh_dim": nccl_skip_on_mesh_dim, "nccl_skip_group_creation": nccl_skip_group_creation, "nccl_size_mismatch_timeout": nccl_size_mismatch_timeout,
+         "nccl_pipeline_recv_skipped": nccl_pipeline_recv_skipped, "nccl_ring_batch_straggler": nccl_ring_batch_straggler}
 
 if __name__ == "__main__":
     for name, craft in CASES.items():

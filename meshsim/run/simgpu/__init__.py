@@ -8,7 +8,7 @@ What a script sees on a rank of host h (D = LOCAL_WORLD_SIZE), and where each pa
 - rng.py: CUDA's (seed, offset) generators, which DTensor's random ops follow as on GPUs;
 - amp.py: autocast("cuda") is real mixed precision on the CPU;
 - collectives.py: "nccl" groups are gloo groups that keep NCCL's contract; DDP's device ids are checked;
-- dtensor.py: DTensor's attention runs as on a GPU cluster.
+- parallel.py: FSDP2 and DTensor (attention) run as on a GPU cluster.
 Anything of torch.cuda meshsim does not simulate raises SimulatedGPUError naming the API: never a silent wrong
 answer. Tensors report device cpu.
 """
@@ -22,13 +22,14 @@ __all__ = ["SimulatedGPUError", "install"]
 
 def install(devices: int) -> None:
     """Make this process a rank of a simulated host with `devices` GPUs (call before the script runs)."""
-    from . import amp, collectives, devices as device_api, dtensor, placement, rng
+    from . import amp, collectives, devices as device_api, parallel, placement, rng
 
     State.devices = devices
     State.current = 0
+    State.initialized = False
     device_api.install()
     rng.install()
     placement.install()
     amp.install()
     collectives.install()
-    dtensor.install()
+    parallel.install()

@@ -229,7 +229,14 @@ def _patch_group_creation(dist: Any, c10d: Any) -> None:
     c10d.new_group = dist.new_group = new_group
     import torch.distributed.device_mesh as device_mesh
 
-    for name, fn in (("init_process_group", init_process_group), ("new_group", new_group)):
+    def mesh_get_backend(group: Any = None) -> Any:
+        """What DeviceMesh asks to decide whether the world group can serve a whole-world dim: on NCCL it can
+        (and is reused, as on GPU hosts); torch makes another group only for gloo on a GPU machine."""
+        name = c10d.get_backend(group)
+        return "nccl" if name == "gloo" and is_nccl(group) else name
+
+    for name, fn in (("init_process_group", init_process_group), ("new_group", new_group),
+                     ("get_backend", mesh_get_backend)):
         if hasattr(device_mesh, name):  # DeviceMesh makes its groups through names it imported
             setattr(device_mesh, name, fn)
     c10d.is_nccl_available = dist.is_nccl_available = lambda: True

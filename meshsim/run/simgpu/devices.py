@@ -12,13 +12,25 @@ import os
 import types
 from typing import Any
 
-from .state import State, ordinal, refusal, refused
+from .state import State, initialize, ordinal, refusal, refused
 
 CAPABILITY = (9, 0)  # what a simulated GPU reports: an H100's compute capability (bf16 and TF32 supported)
 
 
 def _current_index(device: Any = None) -> int:
+    initialize()
     return State.current if device is None else ordinal(device)
+
+
+def _initializing(fn: Any) -> Any:
+    """A torch.cuda function that, as on a GPU, initializes CUDA when first called."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        initialize()
+        return fn(*args, **kwargs)
+
+    call.__name__ = getattr(fn, "__name__", "call")
+    return call
 
 
 class Stream:
@@ -146,20 +158,21 @@ def set_device(device: Any) -> None:
     if isinstance(device, int) and device < 0:
         return  # torch.cuda.set_device(-1) is a no-op
     State.current = ordinal(device)
+    initialize()
 
 
 def cuda_functions() -> dict[str, Any]:
     """torch.cuda's device, stream and event API for the simulated host (its RNG is in rng.py)."""
     return {
         "is_available": lambda: True,
-        "is_initialized": lambda: True,
-        "init": lambda: None,
-        "_lazy_init": lambda: None,
+        "is_initialized": lambda: State.initialized,
+        "init": initialize,
+        "_lazy_init": initialize,
         "_is_in_bad_fork": lambda: False,
         "device_count": lambda: State.devices,
         "set_device": set_device,
-        "current_device": lambda: State.current,
-        "synchronize": lambda device=None: None,
+        "current_device": _initializing(lambda: State.current),
+        "synchronize": _initializing(lambda device=None: None),
         "get_device_name": lambda device=None: properties(device).name,
         "get_device_properties": properties,
         "get_device_capability": lambda device=None: (_current_index(device), CAPABILITY)[1],
@@ -188,6 +201,7 @@ def accelerator_functions() -> dict[str, Any]:
 
     def set_index(device: Any) -> None:
         State.current = ordinal(device)
+        initialize()
 
     return {
         "is_available": lambda: True,

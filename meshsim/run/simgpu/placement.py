@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .state import is_gpu, ordinal
+from .state import initialize, is_gpu, ordinal
 
 _LIBRARIES: list = []  # the torch.library registrations live as long as the rank
 
@@ -33,6 +33,7 @@ def _cpu(device: Any) -> Any:
     if device is None or not is_gpu(device):
         return device
     ordinal(device)
+    initialize()
     return torch.device("cpu")
 
 

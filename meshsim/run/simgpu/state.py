@@ -14,6 +14,11 @@ class State:
 
     devices = 1
     current = 0
+    initialized = False  # CUDA initializes lazily: on first use, not when asked how many devices there are
+
+
+def initialize() -> None:
+    State.initialized = True
 
 
 def refusal(api: str, why: str = "") -> SimulatedGPUError:
@@ -46,8 +51,9 @@ def ordinal(device: Any) -> int:
     if index is None:
         return State.current
     if not 0 <= index < State.devices:
-        raise RuntimeError(f"CUDA error: invalid device ordinal (device {index}; this simulated host has "
-                           f"{State.devices} GPUs, 0..{State.devices - 1})")
+        error = getattr(torch, "AcceleratorError", RuntimeError)  # what torch >= 2.8 raises for a CUDA error
+        raise error(f"CUDA error: invalid device ordinal (device {index}; this simulated host has "
+                    f"{State.devices} GPUs, 0..{State.devices - 1})")
     return index
 
 

@@ -183,7 +183,7 @@ def serve(session: RankSession, conn: Any, measure: Any = None) -> None:
         dispatch(message, handlers)
 
 
-TORCH_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val: the CPU generator's seed in torch < 2.13's new processes
+TORCH_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val: a new process's CPU seed before torch 2.13
 
 
 def fresh_random_state() -> None:

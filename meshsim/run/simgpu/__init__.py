@@ -22,7 +22,8 @@ __all__ = ["SimulatedGPUError", "install"]
 
 def install(devices: int) -> None:
     """Make this process a rank of a simulated host with `devices` GPUs (call before the script runs)."""
-    from . import amp, collectives, devices as device_api, parallel, placement, rng
+    from . import amp, collectives, parallel, placement, rng
+    from . import devices as device_api
 
     State.devices = devices
     State.current = 0

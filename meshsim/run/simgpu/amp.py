@@ -36,4 +36,5 @@ def install() -> None:
 
     setattr(autocast, "__enter__", enter)  # noqa: B010 -- mypy refuses assigning a method
     setattr(autocast, "__exit__", exit)  # noqa: B010
-    torch.cuda.amp.common.amp_definitely_not_available = lambda: False  # type: ignore[attr-defined]
+    common: Any = torch.cuda.amp.common
+    common.amp_definitely_not_available = lambda: False

@@ -12,6 +12,8 @@ refused here as NCCL refuses it. Groups the script asks gloo for keep gloo's con
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from .state import ordinal
@@ -21,6 +23,11 @@ class _Groups:
     nccl_world = False  # the default group was asked for NCCL (or for no backend, which is NCCL on GPU hosts)
     gloo: set[str] = set()  # names of the groups asked for gloo explicitly
     premul: dict[int, tuple[Any, float]] = {}  # id(ReduceOp) -> (op, factor) from _make_nccl_premul_sum
+    # Every group made, kept until the rank's os._exit. A gloo group's destructor joins its worker threads holding
+    # the GIL, and a worker may need the GIL to finish its last work (pytorch#56297): when a DDP model that holds
+    # the last reference dies with its function's locals (a script's main() returning), the rank deadlocked, in
+    # about one DDP launch in six under load. A process that is about to end need not free its groups.
+    kept: list[Any] = []
 
 
 def _asks_nccl(backend: Any) -> bool | None:
@@ -161,7 +168,7 @@ def _checked(name: str, original: dict[str, Any]) -> Any:
     return call
 
 
-ADAPTED = {
+ADAPTED: dict[str, Callable[[dict[str, Any]], Any]] = {
     "all_gather": lambda original: functools.partial(_all_gather, original),
     "all_gather_into_tensor": lambda original: functools.partial(_all_gather_into_tensor, original),
     "reduce_scatter_tensor": lambda original: functools.partial(_reduce_scatter_tensor, original),
@@ -172,23 +179,18 @@ ADAPTED = {
 }
 
 
-def _group_of(function: Any, args: tuple, kwargs: dict) -> Any:
-    import inspect
-
-    if "group" in kwargs:
-        return kwargs["group"]
-    parameters = list(inspect.signature(function).parameters)
-    index = parameters.index("group") if "group" in parameters else None
-    return args[index] if index is not None and len(args) > index else None
-
-
 def _nccl_semantics(name: str, original: dict[str, Any]) -> Any:
     plain = original[name]
     adapted = ADAPTED[name](original)
+    parameters = list(inspect.signature(plain).parameters)
+    position = parameters.index("group") if "group" in parameters else None
 
     @functools.wraps(plain)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if is_nccl(_group_of(plain, args, kwargs)):
+        group = kwargs.get("group")
+        if group is None and position is not None and len(args) > position:
+            group = args[position]
+        if is_nccl(group):
             return adapted(*args, **kwargs)
         return plain(*args, **kwargs)
 
@@ -211,7 +213,9 @@ def _patch_group_creation(dist: Any, c10d: Any) -> None:
             _check_device_id(device_id)  # as torch checks it; binding a group to a GPU is NCCL's own business
         _Groups.nccl_world = _asks_nccl(backend) is not False
         _Groups.gloo = set()
-        return original_init(_translate(backend), *args, **kwargs)
+        result = original_init(_translate(backend), *args, **kwargs)
+        _Groups.kept.append(c10d._get_default_group())
+        return result
 
     original_new = c10d.new_group
 
@@ -221,6 +225,7 @@ def _patch_group_creation(dist: Any, c10d: Any) -> None:
         if "backend" in kwargs:
             kwargs["backend"] = None if asked else kwargs["backend"]
         group = original_new(*args, **kwargs)
+        _Groups.kept.append(group)
         if asked is False and group is not None and group is not c10d.GroupMember.NON_GROUP_MEMBER:
             _Groups.gloo.add(str(group.group_name))
         return group
@@ -258,8 +263,7 @@ def _check_device_id(device_id: Any) -> None:
 
 
 def _patch_premul(dist: Any, c10d: Any) -> None:
-    original = getattr(c10d, "_make_nccl_premul_sum", None)
-    if original is None:
+    if getattr(dist, "_make_nccl_premul_sum", None) is None:
         return
 
     def make_premul_sum(factor: Any) -> Any:

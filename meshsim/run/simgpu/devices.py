@@ -259,8 +259,8 @@ def install() -> None:
     functions = cuda_functions()
     for name, fn in functions.items():
         setattr(torch.cuda, name, fn)
-    graphs = torch.cuda.graphs
-    graphs.is_current_stream_capturing = functions["is_current_stream_capturing"]  # type: ignore[attr-defined]
+    graphs: Any = torch.cuda.graphs
+    graphs.is_current_stream_capturing = functions["is_current_stream_capturing"]
     for name in _LEGACY_TYPES:  # torch.cuda.FloatTensor, ...: the CPU's, since that is where the data lives
         if hasattr(torch, name):
             setattr(torch.cuda, name, getattr(torch, name))

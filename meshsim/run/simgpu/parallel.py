@@ -96,7 +96,29 @@ def _sharding_propagation_on_cpu() -> None:
     _op_schema._rebuild_tensor_from_dtensor_meta = rebuild
 
 
+def _capturable_optimizers() -> None:
+    """Optimizers' capturable=True keeps their step counts on the device and never syncs to the host, for CUDA
+    graphs; torch accepts it only for devices it lists, and the simulated GPUs' tensors are CPU tensors. The
+    arithmetic is the same on the CPU, so the CPU joins each optimizer's list."""
+    import pkgutil
+
+    import torch.optim
+
+    for info in pkgutil.iter_modules(torch.optim.__path__):
+        module = importlib.import_module(f"torch.optim.{info.name}")
+        original = getattr(module, "_get_capturable_supported_devices", None)
+        if original is None or getattr(original, "meshsim", False):
+            continue
+
+        def supported(*args: Any, original: Any = original, **kwargs: Any) -> list[str]:
+            return [*original(*args, **kwargs), "cpu"]
+
+        supported.meshsim = True  # type: ignore[attr-defined]
+        setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
+
+
 def install() -> None:
     _fsdp_device()
+    _capturable_optimizers()
     _attention_strategies()
     _sharding_propagation_on_cpu()

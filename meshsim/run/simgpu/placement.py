@@ -58,14 +58,14 @@ def _cuda_allocators() -> list[tuple[str, Any]]:
     import torch
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
+    composite = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
     found = []
     for schema in torch._C._jit_get_all_schemas():
         if not schema.name.startswith("aten::") or not any(a.name == "device" for a in schema.arguments):
             continue
         name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         try:
-            if not has(name, "CPU") or any(has(name, key) for key in (
-                    "CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")):
+            if not has(name, "CPU") or any(has(name, key) for key in composite):
                 continue
         except RuntimeError:  # a schema the dispatcher does not know (an alias)
             continue

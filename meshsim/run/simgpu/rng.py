@@ -66,6 +66,11 @@ def manual_seed_all(seed: int) -> None:
         _Philox.of(index)[:] = [int(seed) & _MASK, 0]
 
 
+def set_rng_state_all(states: Any) -> None:
+    for index, state in enumerate(states):
+        set_rng_state(state, index)
+
+
 def cuda_rng_functions() -> dict[str, Any]:
     return {
         "manual_seed": manual_seed,
@@ -76,7 +81,7 @@ def cuda_rng_functions() -> dict[str, Any]:
         "get_rng_state": get_rng_state,
         "set_rng_state": set_rng_state,
         "get_rng_state_all": lambda: [get_rng_state(i) for i in range(State.devices)],
-        "set_rng_state_all": lambda states: [set_rng_state(s, i) for i, s in enumerate(states)] and None,
+        "set_rng_state_all": set_rng_state_all,
         "_get_rng_state_offset": lambda device="cuda": _Philox.of(device)[1],
         "_set_rng_state_offset": lambda offset, device="cuda": _Philox.of(device).__setitem__(1, int(offset)),
     }

@@ -122,7 +122,8 @@ def assert_same_losses(simulated, cpu):
     for rank, (ours, theirs) in enumerate(zip(simulated, cpu)):
         assert ours and len(ours) == len(theirs), (rank, ours, theirs)
         for step, (a, b) in enumerate(zip(ours, theirs)):
-            assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), f"rank {rank} step {step}: {a} != {b}"
+            same = math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) or (math.isnan(a) and math.isnan(b))
+            assert same, f"rank {rank} step {step}: {a} != {b}"
 
 
 def twin_runs(run, sim, cpu, tmp_path, label, args):

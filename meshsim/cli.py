@@ -213,28 +213,40 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def writable_file(path: str | None, option: str) -> None:
-    """An output file must be writable before any work is done, or the work's result is lost at the end."""
+    """An output file must be writable before any work is done, or the work's result is lost at the end.
+
+    Tried by writing beside it, not by os.access: root passes every access check and still cannot write under
+    /proc or on a read-only mount."""
     if path is None:
         return
-    target = os.path.abspath(path)
-    parent = os.path.dirname(target)
-    if os.path.isdir(target):
+    if os.path.isdir(path):
         raise UsageError(f"{option} {path}: is a directory")
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise UsageError(f"{option} {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
-        raise UsageError(f"{option} {path}: not writable")
+    _try_writing_in(os.path.dirname(os.path.abspath(path)), path, option)
 
 
 def writable_dir(path: str | None, option: str) -> None:
+    """An output directory is made now (as the run would make it) and written to once."""
     if path is None:
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path}: not a directory")
-    writable_file(os.path.join(path, "probe"), option)
+    _try_writing_in(path, path, option)
+
+
+def _try_writing_in(folder: str, path: str, option: str) -> None:
+    import tempfile
+
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):  # the root exists: this ends
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{option} {path}: {existing} is not a directory")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ def test_2d_setup_fails_on_2_hosts_x_4_on_ranks_4_to_7_as_real_hardware_would():
     assert ranks == [4, 5, 6, 7] and "invalid device ordinal" in title and title.endswith("at 2d_setup.py:13")
     _, notes = group_map(result.record, result.topology)
     assert notes == ["ranks 4-7 are in none of the groups made by new_group (others are)"]
-    with pytest.raises(LaunchFailed, match="ranks 4-7: RuntimeError: CUDA error: invalid device ordinal"):
+    with pytest.raises(LaunchFailed, match="ranks 4-7: torch.AcceleratorError: CUDA error: invalid device ordinal"):
         result.raise_for_outcome()
 
 

@@ -186,6 +186,25 @@ def serve(session: RankSession, conn: Any, measure: Any = None) -> None:
         dispatch(message, handlers)
 
 
+TORCH_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val: a new process's CPU seed before torch 2.13
+
+
+def fresh_random_state() -> None:
+    """The random state of a new process, as torchrun's ranks have it: a rank forked from the forkserver would
+    otherwise share its generators' state with every other rank (Python's own `random` reseeds itself at fork).
+    A torch that seeds each new process with a constant gets that constant; one that seeds it at random (2.13
+    does) gets a fresh random seed, as does numpy's global generator."""
+    import torch
+
+    if torch.initial_seed() == TORCH_DEFAULT_SEED:
+        torch.manual_seed(TORCH_DEFAULT_SEED)
+    else:
+        torch.default_generator.seed()  # the CPU's only: a new process's CUDA generators start from the constant
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
 def serve_script(spec: WorkerSpec, conn: Any) -> None:
     """A bare rank: torchrun's environment (the controller's store stands for torchrun's agent store), the
     progress hooks, simulated GPUs if asked, and then one script run as __main__."""
@@ -194,6 +213,7 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     from .progress import Progress, install
 
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// connects to the controller's store as torchrun's
+    fresh_random_state()
     if spec.simulated_gpus:
         from . import simgpu
 

@@ -1,0 +1,300 @@
+"""torch.cuda and torch.accelerator as a host of D GPUs that live in CPU memory.
+
+Device queries answer for the simulated host; streams and events are synchronous (a CPU operation has finished
+when it returns, so every wait is already satisfied); annotations for profilers (NVTX) do nothing, as they do
+with no profiler attached. Every other public function of torch.cuda (memory statistics, CUDA graphs, NCCL's
+version, the allocator, ...) raises SimulatedGPUError naming it: there is no honest answer on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+from .state import State, initialize, ordinal, refusal, refused
+
+CAPABILITY = (9, 0)  # what a simulated GPU reports: an H100's compute capability (bf16 and TF32 supported)
+
+
+def _current_index(device: Any = None) -> int:
+    initialize()
+    return State.current if device is None else ordinal(device)
+
+
+def _initializing(fn: Any) -> Any:
+    """A torch.cuda function that, as on a GPU, initializes CUDA when first called."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        initialize()
+        return fn(*args, **kwargs)
+
+    call.__name__ = getattr(fn, "__name__", "call")
+    return call
+
+
+class Stream:
+    """A synchronous stream: work queued on it has finished by the time it is queued."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
+        import torch
+
+        self.device = torch.device("cuda", _current_index(device))
+        self.priority = priority
+        self.cuda_stream = 0
+        self.stream_id = 0
+        self.device_type = "cuda"
+        self.device_index = self.device.index
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False  # no CUDA graph is ever being captured here: graphs are refused
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.device == self.device
+
+    def __hash__(self) -> int:
+        return hash(("meshsim-stream", self.device.index))
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<simulated cuda stream on {self.device}, synchronous>"
+
+
+class Event:
+    """A synchronous event: recorded means reached. It has no timing (elapsed_time is refused)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **_: Any):
+        self.enable_timing = enable_timing
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        raise refusal("torch.cuda.Event.elapsed_time", "meshsim's GPUs are simulated on the CPU and have no timing")
+
+
+class DeviceContext:
+    """torch.cuda.device(i) / torch.accelerator.device_index(i): i is current inside, the previous one after."""
+
+    def __init__(self, device: Any, /):
+        self.index = None if device is None or (isinstance(device, int) and device < 0) else ordinal(device)
+        self.previous = State.current
+
+    def __enter__(self) -> None:
+        self.previous = State.current
+        if self.index is not None:
+            State.current = self.index
+
+    def __exit__(self, *exc: Any) -> None:
+        State.current = self.previous
+
+
+class StreamContext:
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def __enter__(self) -> Any:
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+class DeviceProperties(types.SimpleNamespace):
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count})")
+
+
+def properties(device: Any = None) -> DeviceProperties:
+    """What a simulated GPU reports: the host's memory shared among its GPUs (it is where they live)."""
+    index = _current_index(device)
+    return DeviceProperties(name="meshsim simulated GPU (CPU memory)", major=CAPABILITY[0], minor=CAPABILITY[1],
+                            total_memory=_physical_memory() // max(State.devices, 1), multi_processor_count=1,
+                            is_integrated=False, is_multi_gpu_board=False, warp_size=32, L2_cache_size=0,
+                            uuid=f"meshsim-{index}", pci_bus_id=index, pci_device_id=0, pci_domain_id=0)
+
+
+def set_device(device: Any) -> None:
+    if isinstance(device, int) and device < 0:
+        return  # torch.cuda.set_device(-1) is a no-op
+    State.current = ordinal(device)
+    initialize()
+
+
+def cuda_functions() -> dict[str, Any]:
+    """torch.cuda's device, stream and event API for the simulated host (its RNG is in rng.py)."""
+    return {
+        "is_available": lambda: True,
+        "is_initialized": lambda: State.initialized,
+        "init": initialize,
+        "_lazy_init": initialize,
+        "_is_in_bad_fork": lambda: False,
+        "device_count": lambda: State.devices,
+        "set_device": set_device,
+        "current_device": _initializing(lambda: State.current),
+        "synchronize": _initializing(lambda device=None: None),
+        "get_device_name": lambda device=None: properties(device).name,
+        "get_device_properties": properties,
+        "get_device_capability": lambda device=None: (_current_index(device), CAPABILITY)[1],
+        "get_arch_list": lambda: [f"sm_{CAPABILITY[0]}{CAPABILITY[1]}"],
+        "is_bf16_supported": lambda including_emulation=True: True,
+        "is_tf32_supported": lambda: True,
+        "Stream": Stream,
+        "Event": Event,
+        "StreamContext": StreamContext,
+        "stream": lambda stream=None: StreamContext(stream),
+        "current_stream": lambda device=None: Stream(device),
+        "default_stream": lambda device=None: Stream(device),
+        "set_stream": lambda stream: None,
+        "device": DeviceContext,
+        "_DeviceGuard": DeviceContext,
+        "device_of": lambda obj: DeviceContext(None),
+        "is_current_stream_capturing": lambda: False,
+        "empty_cache": lambda: None,  # nothing is cached: tensors are freed to the CPU allocator
+    }
+
+
+def accelerator_functions() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.device("cuda")
+
+    def set_index(device: Any) -> None:
+        State.current = ordinal(device)
+        initialize()
+
+    return {
+        "is_available": lambda: True,
+        "device_count": lambda: State.devices,
+        "current_accelerator": lambda check_available=False: cuda,
+        "current_device_index": lambda: State.current,
+        "current_device_idx": lambda: State.current,
+        "set_device_index": set_index,
+        "set_device_idx": set_index,
+        "device_index": DeviceContext,
+        "synchronize": lambda device=None: None,
+        "current_stream": lambda device=None: Stream(device),
+        "set_stream": lambda stream: None,
+        "empty_cache": lambda: None,
+        "get_device_capability": lambda device=None: {"major": CAPABILITY[0], "minor": CAPABILITY[1]},
+    }
+
+
+def nvtx_functions() -> dict[str, Any]:
+    """NVTX marks ranges for a profiler; with none attached they do nothing, and here none can be."""
+    import contextlib
+
+    depth = [0]
+
+    def push(msg: Any = None, *args: Any, **kwargs: Any) -> int:
+        depth[0] += 1
+        return depth[0] - 1
+
+    def pop() -> int:
+        depth[0] = max(depth[0] - 1, 0)
+        return depth[0]
+
+    return {"range_push": push, "range_pop": pop, "mark": lambda *a, **k: None,
+            "range_start": lambda *a, **k: 0, "range_end": lambda *a, **k: None,
+            "range": lambda *a, **k: contextlib.nullcontext()}
+
+
+def _refuse_the_rest(module: Any, prefix: str, simulated: set[str]) -> None:
+    """Every other public function or class of `module` (defined in torch.cuda) raises, naming itself."""
+    for name in dir(module):
+        value = getattr(module, name, None)
+        if name.startswith("_") or name in simulated or not callable(value) or isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, type) and issubclass(value, BaseException):
+            continue  # `except torch.cuda.OutOfMemoryError:` must keep working
+        owner = getattr(value, "__module__", "") or ""
+        if owner.startswith("torch.cuda") and not owner.startswith("torch.cuda.amp"):
+            setattr(module, name, refused(f"{prefix}.{name}"))
+
+
+def install() -> None:
+    import torch
+    import torch.cuda.nccl
+
+    functions = cuda_functions()
+    for name, fn in functions.items():
+        setattr(torch.cuda, name, fn)
+    graphs: Any = torch.cuda.graphs
+    graphs.is_current_stream_capturing = functions["is_current_stream_capturing"]
+    for name in _LEGACY_TYPES:  # torch.cuda.FloatTensor, ...: the CPU's, since that is where the data lives
+        if hasattr(torch, name):
+            setattr(torch.cuda, name, getattr(torch, name))
+    _refuse_the_rest(torch.cuda, "torch.cuda", set(functions) | _RNG_NAMES | set(_LEGACY_TYPES))
+    _refuse_the_rest(torch.cuda.memory, "torch.cuda.memory", {"empty_cache"})
+    torch.cuda.memory.empty_cache = functions["empty_cache"]
+    _refuse_the_rest(graphs, "torch.cuda.graphs", {"is_current_stream_capturing"})
+    nvtx: Any = torch.cuda.nvtx
+    for name, fn in nvtx_functions().items():
+        setattr(nvtx, name, fn)
+    nccl_why = "meshsim runs NCCL's collectives on gloo (with NCCL's semantics); there is no NCCL library to ask"
+    for name in ("version", "is_available", "unique_id", "init_rank", "all_reduce", "reduce", "broadcast",
+                 "all_gather", "reduce_scatter"):
+        setattr(torch.cuda.nccl, name, refused(f"torch.cuda.nccl.{name}", nccl_why))
+    torch_c: Any = torch._C
+    torch_c._nccl_version = refused("torch._C._nccl_version", nccl_why)
+    torch_c._get_accelerator = lambda check=False: torch.device("cuda")
+    accel: Any = torch.accelerator
+    simulated = accelerator_functions()
+    for name, fn in simulated.items():
+        setattr(accel, name, fn)
+    for name in dir(accel):
+        value = getattr(accel, name)
+        if not name.startswith("_") and name not in simulated and callable(value) and not isinstance(value, type):
+            if getattr(value, "__module__", "").startswith("torch.accelerator"):
+                setattr(accel, name, refused(f"torch.accelerator.{name}"))
+    torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign,assignment]
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(State.devices)))
+
+
+# torch.cuda's RNG functions are simulated in rng.py; install() leaves them for it
+_RNG_NAMES = {"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+              "set_rng_state", "get_rng_state_all", "set_rng_state_all"}
+
+_LEGACY_TYPES = tuple(f"{kind}{suffix}" for kind in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short",
+                                                     "Char", "Byte", "Bool", "ComplexFloat", "ComplexDouble")
+                      for suffix in ("Tensor", "Storage"))

@@ -1,0 +1,198 @@
+"""Where a simulated GPU's data goes: CPU memory, whoever asks for it and in whatever form.
+
+Three layers, each for what the one below cannot see:
+- Kernels for torch's CUDA dispatch key. Every allocation for a CUDA device reaches one of a few operators
+  (empty, empty_strided, the index factories, ...) at the CUDA key; here they allocate in CPU memory instead.
+  The dispatcher routes there whoever calls: user code, autograd's backward formulas, nn.init, optimizers,
+  DTensor, checkpoint loading. Every other operator sees CPU tensors and runs its CPU kernel at full speed.
+- The few Python entry points whose C++ binding resolves a device before dispatching (and so needs CUDA's device
+  guard): Tensor.to / .cuda / .pin_memory / .type, Module.to's argument parser, storages' .cuda, and
+  torch.load's CUDA restore. They map the device to the CPU, after checking the ordinal as CUDA would.
+- A TorchFunctionMode for what only the Python arguments show: a bare ordinal (device=0, torch.device(0)), a
+  bare "cuda" without an index for the data-taking factories, and pinned-memory requests.
+
+Tensors report device cpu: a tensor that reports cuda cannot run backward on a CPU-only torch (autograd's device
+guard for CUDA is absent). Moving a tensor between the CPU and a simulated GPU therefore does not copy it: both
+are the same memory (.cuda() and .cpu() return the tensor itself when nothing else changes).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .state import initialize, is_gpu, ordinal
+
+_LIBRARIES: list = []  # the torch.library registrations live as long as the rank
+
+
+def _cpu(device: Any) -> Any:
+    """A simulated GPU device argument, checked, as the CPU device it lives on; anything else unchanged."""
+    import torch
+
+    if device is None or not is_gpu(device):
+        return device
+    ordinal(device)
+    initialize()
+    return torch.device("cpu")
+
+
+def _on_cpu_kernel(op: Any, device_index: int | None) -> Any:
+    """A CUDA-key kernel for `op`: the same call with its device (and pinning) moved to the CPU."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        elif device_index is not None and len(args) > device_index:
+            args = args[:device_index] + (_cpu(args[device_index]),) + args[device_index + 1:]
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        return op(*args, **kwargs)
+
+    return kernel
+
+
+def _cuda_allocators() -> list[tuple[str, Any]]:
+    """The aten operators that take a device and have a kernel per backend (no composite one): every CUDA
+    allocation ends in one of them. Found from the dispatcher, so a torch that adds one is covered."""
+    import torch
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    composite = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+    found = []
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::") or not any(a.name == "device" for a in schema.arguments):
+            continue
+        name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        try:
+            if not has(name, "CPU") or any(has(name, key) for key in composite):
+                continue
+        except RuntimeError:  # a schema the dispatcher does not know (an alias)
+            continue
+        found.append((name, schema))
+    return found
+
+
+def _register_kernels() -> None:
+    import torch
+
+    library = torch.library.Library("aten", "IMPL")
+    _LIBRARIES.append(library)
+    for name, schema in _cuda_allocators():
+        packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1])
+        op = getattr(packet, schema.overload_name or "default")
+        positional = [a for a in schema.arguments if not a.kwarg_only]
+        index = next((i for i, a in enumerate(positional) if a.name == "device"), None)
+        library.impl(name.split("::", 1)[1], _on_cpu_kernel(op, index), "CUDA")
+
+
+def _map_to_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Tensor.to / Module.to arguments: a device (first positional, or device=) that is a simulated GPU -> cpu."""
+    if args and is_gpu(args[0]):
+        args = (_cpu(args[0]),) + args[1:]
+    if kwargs.get("device") is not None:
+        kwargs = dict(kwargs, device=_cpu(kwargs["device"]))
+    return args, kwargs
+
+
+def _patch_tensor_methods() -> None:
+    import torch
+
+    original_to = torch.Tensor.to
+
+    @functools.wraps(original_to)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _map_to_args(args, kwargs)
+        return original_to(self, *args, **kwargs)
+
+    def cuda(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        ordinal(device if device is not None else "cuda")
+        return original_to(self, "cpu", non_blocking=non_blocking, **kwargs)
+
+    original_type = torch.Tensor.type
+
+    def type_(self: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+            dtype = "torch." + dtype[len("torch.cuda."):]  # the legacy CUDA tensor types are the CPU's here
+        if dtype is None:
+            return original_type(self)
+        return original_type(self, dtype, non_blocking, **kwargs)
+
+    tensor: Any = torch.Tensor
+    tensor.to = to
+    tensor.cuda = cuda
+    tensor.type = type_
+    tensor.pin_memory = lambda self, device=None: self  # pinning needs a real accelerator; the memory is the same
+
+    def storage_cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+        ordinal(device if device is not None else "cuda")
+        return self
+
+    for storage in (torch.UntypedStorage, torch.TypedStorage):
+        setattr(storage, "cuda", storage_cuda)  # noqa: B010 -- mypy refuses assigning a method
+
+
+def _patch_module_to() -> None:
+    import torch
+
+    nn_c: Any = torch._C._nn
+    original = nn_c._parse_to
+
+    def parse_to(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _map_to_args(args, kwargs)
+        return original(*args, **kwargs)
+
+    nn_c._parse_to = parse_to
+
+
+def _patch_load() -> None:
+    """torch.load(map_location="cuda:i" / {..: "cuda:i"} / callable / nothing, for a GPU-saved checkpoint): CUDA
+    storages restore into CPU memory, after the ordinal check torch.load makes."""
+    import torch
+    import torch.serialization as serialization
+
+    def restore(obj: Any, location: str) -> Any:
+        if not location.startswith("cuda"):
+            return None
+        ordinal(torch.device(location))
+        if getattr(obj, "_torch_load_uninitialized", False):
+            return torch.UntypedStorage(obj.nbytes())
+        return obj
+
+    registry = serialization._package_registry
+    for position, (priority, tagger, deserializer) in enumerate(registry):
+        target = getattr(deserializer, "args", (None,))[0] if isinstance(deserializer, functools.partial) else None
+        if target == "cuda" or getattr(deserializer, "__name__", "") == "_cuda_deserialize":
+            registry[position] = (priority, tagger, restore)
+
+
+def _ordinal_mode() -> Any:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    device_type = torch.device
+
+    class Ordinals(TorchFunctionMode):
+        """device=0 and torch.device(0) mean cuda:0 on a GPU host; device="cuda" the current GPU."""
+
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            if func is device_type and len(args) == 1 and not kwargs and isinstance(args[0], int):
+                return device_type("cuda", args[0])
+            if kwargs:
+                device = kwargs.get("device")
+                if device is not None and is_gpu(device):
+                    kwargs = dict(kwargs, device=device_type("cuda", ordinal(device)))
+                if kwargs.get("pin_memory"):
+                    kwargs = dict(kwargs, pin_memory=False)
+                return func(*args, **kwargs)
+            return func(*args)
+
+    return Ordinals()
+
+
+def install() -> None:
+    _register_kernels()
+    _patch_tensor_methods()
+    _patch_module_to()
+    _patch_load()
+    _ordinal_mode().__enter__()  # for the rest of this rank's life

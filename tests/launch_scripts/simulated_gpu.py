@@ -1,0 +1,249 @@
+"""What a GPU script relies on, checked on a simulated host (run by tests/test_simgpu.py on 2 hosts x 2 GPUs).
+
+Each check returns a JSON-able value; the rank prints one line `RESULTS <json>` with every check's value (or
+"error: <type>: <message>" where it raised), and the tests read it back.
+"""
+
+import io
+import json
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+CHECKS = {}
+
+
+def check(fn):
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def raises(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 -- the error is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@check
+def lazy_init_then_device_mesh_sets_local_rank():
+    before = torch.cuda.is_initialized()
+    dist.init_process_group("nccl")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    global MESH
+    MESH = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    return [before, torch.cuda.current_device(), torch.cuda.is_initialized()]
+
+
+@check
+def device_forms():
+    x = torch.ones(3)
+    buf = io.BytesIO()
+    torch.save({"w": x * 2}, buf)
+
+    def load(location):
+        buf.seek(0)
+        return torch.load(buf, map_location=location)["w"].tolist()
+
+    made = {
+        "to_int": x.to(LOCAL_RANK), "to_kw": x.to(device=LOCAL_RANK, non_blocking=True), "cuda_i": x.cuda(LOCAL_RANK),
+        "cuda": x.cuda(), "module_to_int": nn.Linear(2, 2).to(0).weight, "module_cuda": nn.Linear(2, 2).cuda().weight,
+        "pin_memory": x.pin_memory(), "zeros_int": torch.zeros(2, device=LOCAL_RANK),
+        "zeros_str": torch.zeros(2, device=f"cuda:{LOCAL_RANK}"), "randn_bare": torch.randn(2, device="cuda"),
+        "tensor_bare": torch.tensor([1.0], device="cuda"), "full_device": torch.full((2,), 1.0,
+                                                                                        device=torch.device(0)),
+    }
+    return {
+        "placed": {name: str(t.device) for name, t in made.items()},
+        "device_int": str(torch.device(LOCAL_RANK)),
+        "loads": [load(loc) for loc in ("cuda:0", "cuda", {"cuda:0": "cuda:1"}, torch.device("cuda", 1),
+                                        lambda storage, where: storage.cuda(LOCAL_RANK))],
+    }
+
+
+@check
+def invalid_ordinals():
+    x = torch.ones(1)
+    return {
+        "set_device": raises(lambda: torch.cuda.set_device(2)),
+        "to": raises(lambda: x.to(2)),
+        "cuda": raises(lambda: x.cuda(2)),
+        "zeros": raises(lambda: torch.zeros(1, device="cuda:2")),
+        "module_to": raises(lambda: nn.Linear(1, 1).to(2)),
+        "accelerator": raises(lambda: torch.accelerator.set_device_index(2)),
+        "load": raises(lambda: torch.load(io.BytesIO(_saved(x)), map_location="cuda:2")),
+        "ddp": raises(lambda: torch.nn.parallel.DistributedDataParallel(nn.Linear(1, 1), device_ids=[2])),
+    }
+
+
+def _saved(x):
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    return buf.getvalue()
+
+
+@check
+def device_index_contexts():
+    seen = []
+    with torch.accelerator.device_index(1):
+        seen.append(torch.cuda.current_device())
+    seen.append(torch.cuda.current_device())
+    with torch.cuda.device(1):
+        seen.append(torch.accelerator.current_device_index())
+    seen.append(torch.accelerator.current_device_index())
+    return seen
+
+
+@check
+def optimizer_flags_agree():
+    """Every optimizer flag combination takes the same steps as the plain for-loop one (what a GPU guarantees)."""
+    results = {}
+    for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
+        variants = [{}, {"foreach": True}, {"fused": True}]
+        if cls is not torch.optim.SGD:
+            variants.append({"capturable": True})
+        finals = {}
+        for flags in variants:
+            torch.manual_seed(0)
+            model = nn.Linear(4, 3).cuda()
+            kwargs = {"lr": 0.1, **({"momentum": 0.9} if cls is torch.optim.SGD else {})}
+            opt = cls(model.parameters(), **kwargs, **flags)
+            for _ in range(3):
+                model(torch.ones(2, 4, device="cuda")).pow(2).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            finals[json.dumps(flags)] = model.weight.detach().clone()
+        base = finals["{}"]
+        results[cls.__name__] = {k: float((v - base).abs().max()) for k, v in finals.items()}
+    return results
+
+
+@check
+def dtensor_random_init():
+    """uniform_ on a DTensor sharded over tp and replicated over dp: replicas equal, shards differ, the RNG states
+    stay equal on every rank, and the same seed gives the same values again."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def draw():
+        torch.manual_seed(5)
+        dt = distribute_tensor(torch.zeros(8, 4, device="cuda"), MESH, [Replicate(), Shard(0)])
+        dt.uniform_()
+        return dt.to_local().clone()
+
+    first, second = draw(), draw()
+    state = torch.cuda.get_rng_state()
+    gathered = [torch.zeros_like(first) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, first)
+    states = [torch.zeros_like(state) for _ in range(dist.get_world_size())]
+    dist.all_gather(states, state)
+    return {"repeat_equal": bool(torch.equal(first, second)),
+            "locals": [[round(v, 6) for v in g.flatten().tolist()[:3]] for g in gathered],
+            "states_equal": all(torch.equal(states[0], s) for s in states)}
+
+
+@check
+def autocast_bf16():
+    a = torch.ones(4, 4, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        inside = [str(torch.mm(a, a).dtype), torch.is_autocast_enabled("cuda"), str(torch.get_autocast_dtype("cuda"))]
+        with torch.autocast("cuda", enabled=False):
+            disabled = str(torch.mm(a, a).dtype)
+    with torch.cuda.amp.autocast(dtype=torch.bfloat16):
+        legacy = str(nn.Linear(4, 4).cuda()(a).dtype)
+    return {"inside": inside, "disabled": disabled, "legacy": legacy, "after": str(torch.mm(a, a).dtype)}
+
+
+@check
+def grad_scaler_steps():
+    model = nn.Linear(4, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda", init_scale=8.0)
+    before = model.weight.detach().clone()
+    scaler.scale(model(torch.ones(2, 4, device="cuda")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    return {"scale": scaler.get_scale(), "moved": bool(not torch.equal(before, model.weight))}
+
+
+@check
+def dtensor_attention_matches_plain():
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, device="cuda", requires_grad=True) for _ in range(3))
+    plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    plain.sum().backward()
+    tp = MESH["tp"]
+    dq, dk, dv = (distribute_tensor(t.detach(), tp, [Shard(1)]).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+    out.sum().backward()
+    return {"out": float((out.full_tensor() - plain).abs().max()),
+            "grad_q": float((dq.grad.full_tensor() - q.grad).abs().max())}
+
+
+@check
+def nccl_contract():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    zero_d = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(zero_d, torch.tensor(float(rank)))
+    reshaped = [torch.zeros(4) for _ in range(world)]
+    dist.all_gather(reshaped, torch.full((2, 2), float(rank)))
+    uneven = [torch.zeros(r + 1) for r in range(world)]
+    dist.all_gather(uneven, torch.full((rank + 1,), float(rank)))
+    stacked = torch.zeros(world, 2)
+    dist.all_gather_into_tensor(stacked, torch.full((2,), float(rank)))
+    scattered = torch.zeros(2)
+    dist.reduce_scatter_tensor(scattered, torch.ones(world, 2))
+    premul = torch.ones(2)
+    dist.all_reduce(premul, op=dist._make_nccl_premul_sum(0.5))
+    gloo = dist.new_group(backend="gloo")
+    return {
+        "zero_d": [t.tolist() for t in zero_d], "reshaped": [t.tolist() for t in reshaped],
+        "uneven": [t.tolist() for t in uneven], "stacked": stacked.tolist(), "scattered": scattered.tolist(),
+        "premul": premul.tolist(),
+        "non_contiguous": raises(lambda: dist.all_reduce(torch.ones(2, 2).t()[0])),
+        "gloo_group_keeps_gloo": raises(lambda: dist.all_gather([torch.zeros(1) for _ in range(world)],
+                                                                torch.tensor(1.0), group=gloo)),
+    }
+
+
+@check
+def unsimulated_apis_raise():
+    return {name: raises(fn) for name, fn in {
+        "torch._C._nccl_version": lambda: torch._C._nccl_version(),
+        "torch.cuda.nccl.version": lambda: torch.cuda.nccl.version(),
+        "torch.cuda.memory_allocated": lambda: torch.cuda.memory_allocated(),
+        "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
+        "torch.accelerator.memory_allocated": lambda: torch.accelerator.memory_allocated(),
+        "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event(enable_timing=True).elapsed_time(
+            torch.cuda.Event()),
+    }.items()}
+
+
+@check
+def streams_and_events():
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = torch.ones(2, device="cuda") * 2
+    event = stream.record_event()
+    torch.cuda.current_stream().wait_stream(stream)
+    y.record_stream(stream)
+    return [stream.is_capturing(), event.query(), torch.cuda.is_current_stream_capturing(), y.tolist()]
+
+
+results = {}
+for name, fn in CHECKS.items():
+    try:
+        results[name] = fn()
+    except Exception as exc:  # noqa: BLE001 -- reported per check
+        results[name] = f"error: {type(exc).__name__}: {exc} {traceback.format_exc()[-600:]}"
+print("RESULTS " + json.dumps(results))
+dist.barrier()
+dist.destroy_process_group()

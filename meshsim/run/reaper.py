@@ -95,9 +95,14 @@ def ignore_interrupts_while(start: Any) -> Any:
     Ctrl-C that comes meanwhile (the forkserver's first start imports torch, seconds) waits and is delivered to
     the controller when start() returns, instead of being lost."""
     import threading
+    from multiprocessing import resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
         return start()
+    # The forkserver's first start starts multiprocessing's resource tracker, which unblocks SIGINT (SIG_UNBLOCK,
+    # not a restore) once it has spawned: the forkserver, exec'd next, then took a Ctrl-C in its site import and
+    # printed a "Fatal Python error" of its own. Started first, out here, the tracker leaves our mask alone.
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         return start()

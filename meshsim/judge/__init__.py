@@ -1,0 +1,1 @@
+"""The judge: observations against the model, one rule for every source of runs (plans, functions, scripts, replays)."""

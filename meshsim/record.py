@@ -19,6 +19,7 @@ from .wire import (
     STUCK,
     Batch,
     CallBegun,
+    CallDone,
     CallReturned,
     FunctionBegun,
     MeshBuilt,
@@ -50,6 +51,9 @@ class RankState:
     # (step, shape, names, ranks) of each mesh it built the groups of
     meshes: list[tuple[Any, ...]] = field(default_factory=list)
     failed_in: CallBegun | None = None  # the call that raised on this rank (a peer that left makes it raise)
+    # calls that returned a handle and have not completed (async_op, isend/irecv, DDP's gradient buckets), oldest
+    # first: a rank stuck outside any call waits on the oldest of them (a Work's wait, DDP's reducer in C++)
+    in_flight: dict[tuple[str, int], CallBegun] = field(default_factory=dict)
     failure: str = ""  # what that call raised
     done: bool = False  # sent its result
     observations: list[Any] | None = None
@@ -63,7 +67,7 @@ class RankState:
     def __post_init__(self) -> None:
         self._handlers: dict[type, Callable[[Any], None]] = {
             StepBegun: self._step, CallBegun: self._call, CallReturned: self._returned, MeshBuilt: self._mesh,
-            FunctionBegun: self._function, Batch: self._batch}
+            FunctionBegun: self._function, Batch: self._batch, CallDone: self._done}
 
     def on_event(self, event: Any) -> None:
         """Follow one progress message (meshsim.wire); any other kind is refused."""
@@ -94,7 +98,25 @@ class RankState:
     def _returned(self, event: CallReturned) -> None:
         if event.error is not None:
             self.failed_in, self.failure = self.call, event.error
+        elif event.pending and self.call is not None:
+            self.in_flight[(self.call.group, self.call.seq)] = self.call
+        elif self.call is not None and self.in_flight:  # a group's calls complete in order: the earlier are done
+            done = self.call
+            self.in_flight = {key: c for key, c in self.in_flight.items() if c.group != done.group or c.seq > done.seq}
         self.call = None
+
+    def _done(self, event: CallDone) -> None:
+        call = self.in_flight.pop((event.group, event.seq), None)
+        if event.error is not None and call is not None:
+            self.failed_in, self.failure = call, event.error
+
+    @property
+    def waiting_on(self) -> CallBegun | None:
+        """The call this rank is blocked in: the one it is inside, else the oldest it issued that has not
+        completed (a rank waits on a Work, or in C++ as DDP's reducer does, outside any call of ours)."""
+        if self.call is not None:
+            return self.call
+        return next(iter(self.in_flight.values()), None)
 
     def _mesh(self, event: MeshBuilt) -> None:
         self.meshes.append((self.step, event.shape, event.names, event.ranks))
@@ -128,6 +150,10 @@ class RankState:
         if self.call is not None:
             site = f" at {self.call.site}" if self.call.site else ""
             return f"in {self.call.kind} on group {list(self.call.ranks)} ({at}{site})"
+        if self.in_flight and self.end == STUCK:
+            call = next(iter(self.in_flight.values()))
+            site = f" at {call.site}" if call.site else ""
+            return f"waiting on {call.kind} on group {list(call.ranks)}, issued async ({at}{site}) and not completed"
         if self.step is None:
             return "has not started"
         if self.step == -1:

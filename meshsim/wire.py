@@ -70,6 +70,14 @@ def is_error(value: Any) -> bool:
 
 # ------------------------------------------------------------------------------------------ controller -> rank
 
+# Point-to-point calls, by the side of the pair they are on. Each is announced on its channel, the group's calls
+# from one rank to another ("<group>:<src>-><dst>", meshsim.run.progress): a recv pairs with its peer's send, not
+# with whatever the group's other members did (a pipeline's stages each talk to their neighbours only).
+SENDS = ("send", "isend", "send_object_list")
+RECVS = ("recv", "irecv", "recv_object_list")
+POINT_TO_POINT = (*SENDS, *RECVS)
+
+
 class RunPlan(NamedTuple):
     plan: Any  # meshsim.spec.Plan
     deadline: float
@@ -150,6 +158,15 @@ class CallBegun(NamedTuple):
 
 class CallReturned(NamedTuple):
     error: str | None = None  # the call raised this ("RuntimeError: Connection closed by peer")
+    pending: bool = False  # it returned a handle (async_op, isend): the call stays in flight until CallDone
+
+
+class CallDone(NamedTuple):
+    """A call that returned a handle has completed (its future, or a wait on its Work), or failed (`error`)."""
+
+    group: str
+    seq: int
+    error: str | None = None
 
 
 class Batch(NamedTuple):
@@ -191,7 +208,7 @@ class ScriptDone(NamedTuple):
     site: str = ""  # the innermost line of the script the exception passed, "train.py:42" ("": not in the script)
 
 
-PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt, Batch)
+PROGRESS = (StepBegun, CallBegun, CallReturned, CallDone, FunctionBegun, MeshBuilt, Batch)
 MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone,
             ScriptDone)
 

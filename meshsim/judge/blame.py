@@ -23,7 +23,7 @@ from typing import Any
 
 from ..ranks import ranks_text
 from ..record import RankState, RunRecord
-from ..wire import DIED, RAISED, STUCK, CallBegun
+from ..wire import DIED, FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
 
 KINDS = {
     "dead": "dead rank",
@@ -82,8 +82,8 @@ def same_call(a: CallBegun | None, b: CallBegun | None) -> bool:
 
 def blocked_call(state: RankState) -> CallBegun | None:
     """The call a rank is held in: the one it waits in, or the one that raised on it."""
-    if state.end == STUCK and state.call is not None:
-        return state.call
+    if state.end == STUCK and state.waiting_on is not None:
+        return state.waiting_on
     if state.end == RAISED and state.failed_in is not None:
         return state.failed_in
     return None
@@ -100,7 +100,7 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
     states = record.states
     died = [s.rank for s in states if s.end == DIED]
     if died:
-        return _plainly(KINDS["dead"], died, states)
+        return _sizes_parted(states, died) or _plainly(KINDS["dead"], died, states)
     left_outside = [s.rank for s in states if s.end == RAISED and s.failed_in is None]
     if left_outside:
         return _plainly(KINDS["raised"], left_outside, states)
@@ -116,6 +116,30 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
         found.causes = [Cause(r, found.kind, f"rank {r} {states[r].where}") for r in found.culprits]
         return found
     return _collectives(states, held, set(divergent))
+
+
+def _sizes_parted(states: list[RankState], died: list[int]) -> Blame | None:
+    """A rank that died inside a collective whose members passed other tensor sizes: gloo aborts the process
+    that notices (any of them), so the members that passed the odd sizes are to blame, whichever died."""
+    for rank in died:
+        call = states[rank].call
+        if call is None or call.kind == "new_group":
+            continue
+        camps: dict[str, list[int]] = {}
+        for m in call.ranks:
+            size = states[m].sizes.get((call.group, call.seq)) if m < len(states) else None
+            if size is not None:
+                camps.setdefault(size, []).append(m)
+        largest = max((len(r) for r in camps.values()), default=0)
+        top = [size for size, ranks in camps.items() if len(ranks) == largest]
+        if len(camps) < 2 or len(top) > 1:
+            continue
+        odd = sorted(m for size, ranks in camps.items() if size != top[0] for m in ranks)
+        note = (f"Rank{'s' if len(odd) > 1 else ''} {ranks_text(odd)} passed "
+                f"{' and '.join(size for size in camps if size != top[0])} to {call.kind} #{call.seq} on group "
+                f"{list(call.ranks)} where the others passed {top[0]}; rank {rank} {states[rank].where}.")
+        return Blame(KINDS["size"], odd, note, {}, [Cause(r, KINDS["size"], note, call.group, call.seq) for r in odd])
+    return None
 
 
 def _waiting_for(held: dict[int, CallBegun], culprits: list[int]) -> dict[int, str]:
@@ -171,7 +195,7 @@ def _roles(states: list[RankState]) -> dict[str, Any]:
         for group, desc in s.created_as.items():
             if desc.startswith("mesh_"):
                 roles.setdefault(group, ("dim", desc[len("mesh_"):]))
-        for call in (s.call, s.failed_in):
+        for call in (s.call, s.failed_in, *s.in_flight.values()):
             if call is not None and call.context is not None and len(call.context) > 1 and call.context[1] is not None:
                 roles.setdefault(call.group, ("dim", str(call.context[1])))
     roles.update(_sibling_roles(states, roles))
@@ -186,7 +210,7 @@ def _sibling_roles(states: list[RankState], roles: dict[str, Any]) -> dict[str, 
         for group, ranks in s.created.items():
             members.setdefault(group, frozenset(ranks))
         for (group, _), (site, kind) in s.call_log.items():
-            if group not in roles and site is not None:
+            if group not in roles and site is not None and kind not in POINT_TO_POINT:
                 at.setdefault((site, kind), set()).add(group)
                 members[group] = members.get(group, frozenset()) | {s.rank}
     return sibling_parts(at, members)
@@ -241,6 +265,9 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
                     causes[cause.rank] = cause
     if not causes and upstream:
         causes.update(_cycle(order, held, upstream, divergent))
+    causes.update(_added_at_the_end(states, held, causes))
+    if causes:
+        causes.update(_skipped_behind(states, order, causes))
     if not causes:
         raised = sorted(r for r in held if states[r].end == RAISED)
         if raised:  # every member is in the call and it raised: the call itself failed on each of them
@@ -250,6 +277,69 @@ def _collectives(states: list[RankState], held: dict[int, CallBegun], divergent:
     culprits = sorted(causes)
     victims = _victims(states, held, culprits)
     return Blame(ordered[0].kind, culprits, ordered[0].text, victims, ordered)
+
+
+def _added_at_the_end(states: list[RankState], held: dict[int, CallBegun],
+                      causes: dict[int, Cause]) -> dict[int, Cause]:
+    """Ranks held in a call that more of its members finished the script without, never having made a call at
+    that line, added it (an all_gather_object under `if rank == last`): they are to blame, not the many that
+    finished, which the rule alone would call early leavers."""
+    found: dict[int, Cause] = {}
+    for call in {(c.group, c.seq): c for c in held.values()}.values():
+        inside = [r for r, c in held.items() if c.group == call.group and c.seq == call.seq]
+        gone = [m for m in call.ranks if m < len(states) and m not in inside]
+        if not gone or call.site is None or any(states[m].end != FINISHED or causes.get(m) is None
+                                                or causes[m].kind != KINDS["left"] for m in gone):
+            continue
+        made_there = any(site == call.site for m in gone for site, _ in states[m].call_log.values())
+        if len(gone) > len(inside) and not made_there:
+            for m in gone:
+                del causes[m]
+            found.update({r: Cause(r, KINDS["mismatched"], f"rank {r} added a call the others do not make: "
+                                   f"{call.kind} #{call.seq} on group {list(call.ranks)} at {_site(call.site)}, where "
+                                   f"ranks {ranks_text(gone)} finished without one", call.group, call.seq)
+                          for r in inside})
+    return found
+
+
+def _skipped_behind(states: list[RankState], order: _StateOrder, causes: dict[int, Cause]) -> dict[int, Cause]:
+    """A second hang behind the first: a rank that finished without a call that most finished ranks of its
+    groups' part made (the dp all_reduce), while a partner in its own group of that part has not got there yet
+    (held up by the first hang). Fix the first and the partner waits for it there."""
+    finished = {s.rank for s in states if s.end == FINISHED}
+    made: dict[Any, set[int]] = {}
+    for r in finished:
+        for group, seq in states[r].issued:
+            made.setdefault(order.key(group, seq), set()).add(r)
+    found: dict[int, Cause] = {}
+    for r in sorted(finished - set(causes)):
+        mine = {order.key(g, q) for g, q in states[r].issued}
+        for key, makers in made.items():
+            role, seq = key
+            groups = [g for g in _groups_of(states, order, role) if r in _members(states, g)]
+            expected = {m for g in _groups_of(states, order, role) for m in _members(states, g)} & finished
+            if key in mine or not groups or len(makers) * 2 <= len(expected):
+                continue
+            partners = [m for m in _members(states, groups[0]) if m != r and m not in finished]
+            if partners:
+                maker = states[min(makers)]
+                text = (f"rank {r} finished without {_describe(states, maker, *_issued_as(maker, order, key))}"
+                        f" (ranks {ranks_text(sorted(makers))} made it), so rank{'s' if len(partners) > 1 else ''} "
+                        f"{ranks_text(partners)} will wait for it on group {_members(states, groups[0])}: a second "
+                        "hang behind the first")
+                found[r] = Cause(r, KINDS["skipped"], text, groups[0], seq)
+                break
+    return found
+
+
+def _groups_of(states: list[RankState], order: _StateOrder, role: Any) -> list[str]:
+    """The groups that play `role` (a mesh dim's groups, sibling groups, or the one group itself)."""
+    names = {g for s in states for g in (*s.created, *s.calls_on)}
+    return sorted(g for g in names if order.roles.get(g, g) == role)
+
+
+def _issued_as(state: RankState, order: _StateOrder, key: Any) -> tuple[str, int]:
+    return next((g, q) for g, q in state.issued if order.key(g, q) == key)
 
 
 _PRIORITY = (KINDS["left"], KINDS["straggler"], KINDS["skipped"], KINDS["mismatched"], KINDS["reordered"])
@@ -270,7 +360,8 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
     if held is None:
         later = [(g, q) for g, q in state.issued if order.precedes(wanted, order.key(g, q))]
         if later:
-            text = f"rank {m} skipped {missed}: it made {_describe(state, *later[0])}, which the others make after it"
+            text = (f"rank {m} skipped {missed}: it made {_describe(states, state, *later[0])}, which the others "
+                    "make after it")
             return Cause(m, KINDS["skipped"], text, call.group, count)
         if state.end == STUCK:
             text = (f"rank {m} is in no collective, {count} calls into group {list(call.ranks)} where its peers wait "
@@ -285,10 +376,10 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
     return None
 
 
-def _describe(state: RankState, group: str, seq: int) -> str:
+def _describe(states: list[RankState], state: RankState, group: str, seq: int) -> str:
     site, kind = state.call_log.get((group, seq), (None, "?"))
     at = f" at {_site(site)}" if site is not None else ""
-    return f"{kind} #{seq} on group {group}{at}"
+    return f"{kind} #{seq} on group {_members(states, group) or group}{at}"
 
 
 def _disagreement(states: list[RankState], call: CallBegun, divergent: set[int]) -> list[Cause]:
@@ -309,6 +400,8 @@ def _disagreement(states: list[RankState], call: CallBegun, divergent: set[int])
         sizes = {states[m].sizes.get((call.group, seq)) for m in made}
         if len(camps) < 2 and (len(sizes) < 2 or None in sizes):
             continue
+        if all(kind in POINT_TO_POINT for _, kind in camps) and (len(sizes) < 2 or None in sizes):
+            continue  # a channel's send and recv: made on each side's own line
         found = _parted(states, call, seq, camps, divergent)
         if found:
             return found
@@ -326,6 +419,9 @@ def _parted(states: list[RankState], call: CallBegun, seq: int, camps: dict[Any,
     """At one position of the group, members made different calls: who parted from whom, if anyone."""
     group = f"group {list(call.ranks)}"
     skipped = [entry for entry in camps if _ahead(states, call.group, seq, entry, camps)]
+    if len(skipped) == 2 == len(camps):  # calls that alternate (A B A B) look one ahead either way: the fewer
+        fewer, more = sorted(camps, key=lambda entry: len(camps[entry]))  # ranks parted from the many
+        skipped = [fewer] if len(camps[fewer]) < len(camps[more]) else skipped
     if len(skipped) == 1:  # its call there is the one every other camp makes next
         norm = next(e for e in camps if e != skipped[0])
         return [Cause(r, KINDS["skipped"], f"rank {r} skipped {norm[1]} #{seq} on {group} (made at "
@@ -416,8 +512,8 @@ def _in(state: RankState, group: str, seq: int) -> bool:
 
 def _members(states: list[RankState], group: str) -> list[int]:
     for s in states:
-        if s.call is not None and s.call.group == group:
-            return list(s.call.ranks)
+        if s.waiting_on is not None and s.waiting_on.group == group:
+            return list(s.waiting_on.ranks)
         if group in s.created:
             return list(s.created[group])
     return [s.rank for s in states if group in s.calls_on]

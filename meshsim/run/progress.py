@@ -16,13 +16,13 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from ..wire import Batch, CallBegun, CallReturned, MeshBuilt
+from ..wire import RECVS, SENDS, Batch, CallBegun, CallDone, CallReturned, MeshBuilt
 
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
-    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-    "all_to_all_single", "barrier", "monitored_barrier", "gather", "gather_object", "scatter",
-    "scatter_object_list", "send", "recv",
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single",
+    "all_gather_coalesced", "all_reduce_coalesced", "broadcast", "broadcast_object_list", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "gather", "gather_object", "scatter", "scatter_object_list", *SENDS, *RECVS,
 )
 
 
@@ -38,6 +38,10 @@ class Progress:
         self.seq: dict[str, int] = {}
         self.group_info: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, name)
         self.mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
+        # the handle of a call in flight (id of its Work, or the storage of a functional collective's output)
+        # -> its (group, seq), and back
+        self.works: dict[Any, tuple[str, int]] = {}
+        self.in_flight: dict[tuple[str, int], Any] = {}
 
     def forget_groups(self) -> None:
         """Drop cached group descriptions (ids of destroyed groups get reused)."""
@@ -51,13 +55,16 @@ class Progress:
                 event = Batch((CallReturned(), event))
             self._send(event)
 
-    def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None) -> None:
+    def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
+             context: tuple | None = None) -> tuple[str, int]:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
         # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
         # the members' call sequences of a group by it, to tell a skipped call from a late one).
         site = None if self.in_plan else user_site()
-        self.emit(CallBegun(kind, ranks, group, n, self.context or self.mesh_dims.get(group), site, sizes))
+        context = context or self.context or self.mesh_dims.get(group)
+        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes))
+        return group, n
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
         self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
@@ -69,6 +76,32 @@ class Progress:
             self._returned = True
         else:
             self.emit(CallReturned())
+
+    def returned_handle(self, key: tuple[str, int], handle: Any, work: Any = None) -> None:
+        """The call returned a handle (a Work from async_op=True or isend; a functional collective's tensor): it
+        stays in flight until the Work's future completes or a wait on the handle returns (gloo's point-to-point
+        Works have no future). Said after "returned", so that a call that has completed already is not left in
+        flight."""
+        self._returned = False
+        self.emit(CallReturned(pending=True))
+        with self._lock:  # registered after it is said, and the callback after that: CallDone always comes last
+            self.in_flight[key] = handle
+            self.works[handle] = key
+        try:
+            future = work.get_future()
+        except Exception:  # no Work, or Work::getFuture not implemented (gloo's send and recv)
+            return
+        future.add_done_callback(lambda done: self.completed(key, _error_of(done)))
+
+    def completed(self, key: tuple[str, int], error: str | None = None) -> None:
+        """A call in flight completed (from the backend's thread, or a wait); said once."""
+        with self._lock:
+            if key not in self.in_flight:
+                return
+            work = self.in_flight.pop(key)
+            if self.works.get(work) == key:
+                del self.works[work]
+        self.emit(CallDone(key[0], key[1], error))
 
     def failed(self, exc: BaseException) -> None:
         """The call raised: the judge tells a rank whose collective failed because a peer left from the one
@@ -148,14 +181,16 @@ def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
     """Any code that asks a DeviceMesh for a dim's group teaches us which mesh dim that group is."""
     names = mesh.mesh_dim_names
     label = "mesh(" + ",".join(names) + ")" if names else f"mesh{tuple(mesh.shape)}"
-    if dim is None:
-        dim = 0
+    if dim is None:  # a 1-D mesh's group (mesh["dp"].get_group()): its one dim, by name where it has one
+        dim = names[0] if names and len(names) == 1 else 0
     index = names.index(dim) if isinstance(dim, str) and names and dim in names else dim
     coordinate = mesh.get_coordinate()
     pattern = None
     if coordinate is not None and isinstance(index, int) and -len(coordinate) <= index < len(coordinate):
         pattern = list(coordinate)
         pattern[index] = "*"
+    if names and isinstance(index, int) and -len(names) <= index < len(names):
+        dim = names[index]  # the dim by its name, however the code asked for it (funcol passes its index)
     current().mesh_dims[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
 
 
@@ -193,6 +228,9 @@ def install(progress: Progress) -> None:
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
 
+    _follow_waits(c10d.Work)
+    _follow_ddp()
+    _follow_functional(describe)
     original_new = c10d._new_group_with_tag
 
     @functools.wraps(original_new)
@@ -239,9 +277,191 @@ def install(progress: Progress) -> None:
     DeviceMesh._init_process_groups = staticmethod(init_process_groups)  # type: ignore[method-assign]
 
 
+def _error_of(future: Any) -> str | None:
+    try:
+        future.wait()  # completed already: returns at once, or raises what the call failed with
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return None
+
+
+class _BucketHook:
+    """DDP's reducer all_reduces gradient buckets from C++, out of sight of torch.distributed's Python API, so a
+    rank waiting for a peer's gradients would look idle. Each DDP model gets this comm hook, which does what the
+    built-in one does (default_hooks.allreduce_hook: all_reduce the bucket, then divide) through the public
+    all_reduce, which announces itself. A hook the user registers later takes its place (torch allows one)."""
+
+    def __init__(self, process_group: Any):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.state, self.hook = process_group, default_hooks.allreduce_hook
+        self.taken = False  # the user registered a hook of their own
+
+    def __call__(self, _: Any, bucket: Any) -> Any:
+        return self.hook(self.state, bucket)
+
+
+def _follow_ddp() -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    original_init = DistributedDataParallel.__init__
+    original_register = DistributedDataParallel.register_comm_hook
+    original_builtin = DistributedDataParallel._register_builtin_comm_hook
+
+    @functools.wraps(original_init)
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        reducer = getattr(self, "reducer", None)
+        if reducer is not None:  # (None: nothing to reduce, as with no parameter that requires a gradient)
+            hook = _BucketHook(self.process_group)
+            dist._register_comm_hook(reducer, None, hook)
+            self._meshsim_bucket_hook = hook
+
+    def ours(self) -> _BucketHook | None:
+        hook = self.__dict__.get("_meshsim_bucket_hook")
+        return hook if hook is not None and not hook.taken else None
+
+    @functools.wraps(original_register)
+    def register_comm_hook(self, state, hook):
+        mine = ours(self)
+        if mine is None:
+            return original_register(self, state, hook)
+        self._check_comm_hook(hook)  # what torch's register_comm_hook does, but for the reducer's registration
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((hook, state))
+        mine.state, mine.hook, mine.taken = state, hook, True
+
+    @functools.wraps(original_builtin)
+    def register_builtin_comm_hook(self, comm_hook_type):
+        mine = ours(self)
+        python = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                  dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}.get(comm_hook_type)
+        if mine is None or python is None:
+            return original_builtin(self, comm_hook_type)
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        mine.state, mine.hook, mine.taken = self.process_group, python, True
+
+    DistributedDataParallel.__init__ = init  # type: ignore[method-assign]
+    DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    DistributedDataParallel._register_builtin_comm_hook = register_builtin_comm_hook  # type: ignore[method-assign]
+
+
+# The functional collectives (torch.distributed._functional_collectives), which DTensor's redistribute and
+# tensor parallelism use: they bypass the c10d API, return a tensor at once and block where it is first used.
+FUNCTIONAL = (
+    "broadcast", "all_reduce", "all_gather_single", "all_gather_tensor", "all_gather_tensor_autograd",
+    "reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_to_all_single",
+    "all_to_all_single_autograd", "permute_tensor",
+)
+
+
+def _follow_functional(describe: Callable) -> None:
+    """Each functional collective is announced, and stays in flight until a wait_tensor on its output returns."""
+    import torch.distributed._functional_collectives as funcol
+
+    for name in FUNCTIONAL:
+        original = getattr(funcol, name, None)
+        if original is not None:
+            setattr(funcol, name, _wrap_functional(name, original, describe))
+    original_wait = funcol.wait_tensor
+
+    @functools.wraps(original_wait)
+    def wait_tensor(tensor):
+        progress = current()
+        key = progress.works.get(_storage(tensor))
+        out = original_wait(tensor)
+        if key is not None:
+            progress.completed(key)
+        return out
+
+    funcol.wait_tensor = wait_tensor
+
+
+def _storage(tensor: Any) -> tuple[str, int] | None:
+    try:
+        return ("storage", tensor.untyped_storage().data_ptr())
+    except Exception:  # not a tensor with storage (fake, meta)
+        return None
+
+
+def _functional_group(signature: inspect.Signature, args: tuple, kwargs: dict, describe: Callable) -> Any:
+    """A functional collective's group, from any form it takes (a group, its name, a mesh, (mesh, dim))."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh
+
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    group: Any = bound.get("group")
+    resolved = funcol._resolve_group(group, bound.get("tag", ""))
+    pg = c10d._resolve_process_group(resolved) if isinstance(resolved, str) else resolved
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
+        _remember_mesh_dim(group[0], group[1], pg)
+    elif isinstance(group, DeviceMesh):
+        _remember_mesh_dim(group, None, pg)
+    return describe(pg)
+
+
+def _wrap_functional(name: str, original: Callable, describe: Callable) -> Callable:
+    import torch.distributed._functional_collectives as funcol
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if getattr(_local, "inside", False):
+            return original(*args, **kwargs)
+        try:
+            ranks, group_name = _functional_group(signature, args, kwargs, describe)
+        except Exception:  # a group torch itself will refuse: let it say so
+            return original(*args, **kwargs)
+        progress = current()
+        key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args))
+        _local.inside = True
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            progress.failed(exc)
+            raise
+        finally:
+            _local.inside = False
+        handle = _storage(result.elem) if isinstance(result, funcol.AsyncCollectiveTensor) else None
+        if handle is None:  # waited on already (traced), or no tensor to wait on
+            progress.returned()
+        else:
+            progress.returned_handle(key, handle)
+        return result
+
+    return wrapper
+
+
+def _follow_waits(work_type: Any) -> None:
+    """A wait on a Work completes the call in flight it stands for (gloo's isend and irecv have no future)."""
+    original_wait = work_type.wait
+
+    @functools.wraps(original_wait)
+    def wait(self, *args, **kwargs):
+        progress = current()
+        key = progress.works.get(id(self))
+        try:
+            result = original_wait(self, *args, **kwargs)
+        except BaseException as exc:
+            if key is not None:
+                progress.completed(key, f"{type(exc).__name__}: {exc}"[:500])
+            raise
+        if key is not None:
+            progress.completed(key)
+        return result
+
+    work_type.wait = wait
+
+
 def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:
-    params = list(inspect.signature(original).parameters)
+    signature = inspect.signature(original)
+    params = list(signature.parameters)
     index = params.index("group") if "group" in params else None
+    async_at = params.index("async_op") if "async_op" in params else None
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
@@ -254,7 +474,10 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
             group = args[index]
         ranks, group_name = describe(group)
         progress = current()
-        progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args))
+        context = None
+        if name in SENDS or name in RECVS:
+            ranks, group_name, context = _channel(name, signature, args, kwargs, group, ranks, group_name, progress)
+        key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args), context)
         _local.inside = True
         try:
             result = original(*args, **kwargs)
@@ -263,7 +486,34 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
             raise
         finally:
             _local.inside = False
-        progress.returned()
+        handed = name in ("isend", "irecv") or (async_at is not None and bool(
+            kwargs.get("async_op", args[async_at] if len(args) > async_at else False)))
+        if handed and result is not None and type(result).__name__ != "_IllegalWork":  # (coalesced: no Work yet)
+            progress.returned_handle(key, id(result), result)
+        else:
+            progress.returned()
         return result
 
     return wrapper
+
+
+def _channel(name: str, signature: inspect.Signature, args: tuple, kwargs: dict, group: Any, ranks: tuple[int, ...],
+             group_name: str, progress: Progress) -> tuple[tuple[int, ...], str, tuple | None]:
+    """A point-to-point call's channel: (the pair's ranks, "<group>:<src>-><dst>", the group's mesh dim); the
+    group itself where the peer is not known (recv from any source)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        sending = name in SENDS
+        peer, group_peer = (bound.get("dst"), bound.get("group_dst")) if sending else \
+            (bound.get("src"), bound.get("group_src"))
+        if peer is None and group_peer is not None:
+            peer = c10d.get_global_rank(group or c10d._get_default_group(), group_peer)
+        if peer is None:
+            return ranks, group_name, None
+        me = c10d.get_rank()
+        src, dst = (me, int(peer)) if sending else (int(peer), me)
+    except Exception:  # a call torch itself will refuse: report it on its group
+        return ranks, group_name, None
+    return tuple(sorted({src, dst})), f"{group_name}:{src}->{dst}", progress.mesh_dims.get(group_name)

@@ -530,6 +530,9 @@ def _creation(states: list[RankState], held: dict[int, CallBegun]) -> Blame:
     diverged = _mesh_divergence(states)
     if diverged is not None:
         return diverged
+    drifted = _drift(states)
+    if drifted is not None:
+        return drifted
     creating = [(rank, call) for rank, call in held.items() if call.kind == "new_group"]
     # Ranks disagree about which group a name stands for (rank maps that differ across ranks).
     for _, call in creating:
@@ -547,6 +550,31 @@ def _creation(states: list[RankState], held: dict[int, CallBegun]) -> Blame:
     top = max(counts[r] for r in involved)
     behind = sorted(r for r in involved if counts[r] < top)
     return Blame(KINDS["subset"], behind or sorted({m for _, call in creating for m in missing_from(call, states)}))
+
+
+def _drift(states: list[RankState]) -> Blame | None:
+    """The same group (its ranks) created under different names: torch names a group by a counter that every
+    new_group call moves, members or not, so the ranks whose name for it is the earlier one skipped a new_group
+    before it (the classic `if rank in members: new_group(members)`): they are to blame."""
+    names: dict[tuple[int, ...], dict[int, list[int]]] = {}  # a group's ranks -> rank -> its names for it
+    for s in states:
+        for name, ranks in s.created.items():
+            if name.isdigit():
+                names.setdefault(ranks, {}).setdefault(s.rank, []).append(int(name))
+    for ranks, by_rank in sorted(names.items()):
+        camps: dict[tuple[int, ...], list[int]] = {}
+        for rank, numbers in sorted(by_rank.items()):
+            camps.setdefault(tuple(sorted(numbers)), []).append(rank)
+        if len(camps) < 2 or len({len(key) for key in camps}) > 1:
+            continue  # one name for it everywhere, or created more often on some ranks (not a drift)
+        ordered = sorted(camps)
+        behind, later = camps[ordered[0]], sorted(r for key in ordered[1:] for r in camps[key])
+        many, others = ("s" if len(behind) > 1 else ""), ("s" if len(later) > 1 else "")
+        note = (f"Group {list(ranks)} is group {ordered[0][0]} on rank{many} {ranks_text(behind)} but group "
+                f"{ordered[-1][0]} on rank{others} {ranks_text(later)}: rank{many} {ranks_text(behind)} skipped a "
+                "new_group before it (every rank must call new_group, members or not).")
+        return Blame(KINDS["subset"], behind, note)
+    return None
 
 
 def _mesh_divergence(states: list[RankState]) -> Blame | None:

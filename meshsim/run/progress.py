@@ -67,7 +67,8 @@ class Progress:
         return group, n
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
-        self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc)))
+        self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc),
+                            None if self.in_plan else user_site()))
 
     def returned(self) -> None:
         # Inside a plan the next message (a call, a step) always comes before the rank can block again, so

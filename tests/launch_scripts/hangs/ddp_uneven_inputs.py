@@ -11,7 +11,7 @@ torch.manual_seed(0)
 model = DDP(nn.Linear(8, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 batches = 2 if rank == 2 else 4
-for step in range(batches):
+for _ in range(batches):
     opt.zero_grad()
     model(torch.randn(2, 8)).sum().backward()
     opt.step()

@@ -1,0 +1,81 @@
+"""Hanging torchrun scripts of the kinds users write, each a few lines with one known culprit (its docstring says
+why), under `meshsim launch`: the diagnosis names exactly the culprit ranks, the kind of failure and, where the
+script uses a named mesh, the dim of the group the others wait on.
+
+The scripts are in tests/launch_scripts/hangs/. Those marked slow repeat a kind that a faster one already covers
+(MESHSIM_SLOW=1 runs them too)."""
+
+import os
+
+import pytest
+
+from meshsim import Topology
+from meshsim.judge.blame import KINDS
+from meshsim.judge.diagnose import headline_wait
+from meshsim.launcher import launch
+
+HANGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_scripts", "hangs")
+SLOW = pytest.mark.slow
+
+LEFT, SKIPPED, MISMATCHED = KINDS["left"], KINDS["skipped"], KINDS["mismatched"]
+STRAGGLER, DEAD, RAISED = KINDS["straggler"], KINDS["dead"], KINDS["raised"]
+
+# script, hosts x devices, culprit ranks, kind, the waited-on group's mesh dim (None: no named mesh there)
+CASES = [
+    ("skip_first_tp", (2, 2), [1], SKIPPED, "tp"),
+    ("skip_middle_dp", (2, 2), [2], SKIPPED, "dp"),
+    ("skip_last_tp", (2, 2), [3], LEFT, "tp"),
+    ("skip_when_not_finite", (2, 2), [2], SKIPPED, "dp"),
+    ("return_early", (2, 2), [2], LEFT, None),
+    ("sys_exit", (2, 2), [3], LEFT, "tp"),
+    ("os_exit", (2, 2), [1], DEAD, None),
+    ("raises", (2, 2), [3], RAISED, None),
+    ("sleeper", (2, 2), [2], STRAGGLER, None),
+    ("opposite_order", (2, 2), [1], KINDS["reordered"], None),
+    ("wrong_collective", (2, 2), [3], MISMATCHED, None),
+    ("wrong_size", (2, 2), [1], KINDS["size"], None),
+    ("skips_mesh", (2, 2), [3], KINDS["subset"], None),
+    ("other_mesh_shape", (2, 2), [0], KINDS["inconsistent"], None),
+    ("new_group_members_only", (2, 2), [2, 3], KINDS["subset"], None),
+    ("gather_object_one_rank", (2, 2), [3], MISMATCHED, None),
+    ("pipeline_missing_send", (2, 2), [1], LEFT, None),
+    ("ddp_uneven_inputs", (2, 2), [2], LEFT, None),
+    ("fsdp2_skip_step", (2, 2), [3], LEFT, "replicate"),
+    ("dtensor_redistribute_skipped", (2, 2), [1], SKIPPED, "tp"),
+    ("monitored_barrier", (2, 2), [2], STRAGGLER, None),
+    ("two_culprits", (2, 4), [1, 6], SKIPPED, "tp"),
+    pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
+    pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
+    pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
+    pytest.param("thread_join", (2, 2), [0], STRAGGLER, None, marks=SLOW),
+    pytest.param("swallowed", (2, 2), [2], LEFT, None, marks=SLOW),
+    pytest.param("extra_barrier", (2, 2), [0], MISMATCHED, None, marks=SLOW),
+    pytest.param("skip_in_loop_world", (2, 2), [1], MISMATCHED, None, marks=SLOW),
+    pytest.param("ddp_skip_backward", (2, 2), [1], LEFT, None, marks=SLOW),
+    pytest.param("host1_dp_loop", (2, 4), [5], LEFT, "dp", marks=SLOW),
+    pytest.param("subgroup_others_finished", (2, 4), [6], LEFT, "tp", marks=SLOW),
+]
+
+# Scripts that build a mesh, a model or DTensors get more time to reach their hang on a loaded machine.
+PLAIN = {"return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wrong_size", "gather_object_one_rank",
+         "pipeline_missing_send", "new_group_members_only", "barrier_skipped", "broadcast_object_one_rank",
+         "busy_loop", "thread_join", "swallowed", "extra_barrier", "skip_in_loop_world"}
+
+
+def test_every_hanging_script_has_a_case():
+    names = {case.values[0] if hasattr(case, "values") else case[0] for case in CASES}
+    assert names == {f[:-3] for f in os.listdir(HANGS) if f.endswith(".py")}
+
+
+@pytest.mark.parametrize(("script", "shape", "culprits", "kind", "dim"), CASES)
+def test_a_hanging_script_is_blamed_on_exactly_its_culprit_ranks_with_the_right_kind(script, shape, culprits, kind,
+                                                                                     dim):
+    result = launch(os.path.join(HANGS, f"{script}.py"), Topology(*shape), deadline=2 if script in PLAIN else 3)
+    d = result.diagnosis
+    assert result.outcome != "pass" and d is not None, result.report()
+    assert (d.culprits, d.kind) == (culprits, kind), result.report()
+    if dim is not None:
+        wait = headline_wait(d.waits, d.culprits)
+        assert wait is not None and wait.mesh_dim == dim, result.report()
+    for rank in culprits:
+        assert rank not in d.victims  # a culprit is never also described as a victim

@@ -15,7 +15,7 @@ from typing import Any
 
 from .judge.blame import blame
 from .model import layout as L
-from .model.dtensor import DTensorModel
+from .model.dtensor import DTensorModel, forget_sims
 from .model.expect import Err, ModelRaise, Quirk
 from .model.mesh import Call, Group, MeshModel, RankModel, summary
 from .ops import operation_of
@@ -79,6 +79,7 @@ class Prediction:
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
     """`platform`: the ranks' default device type, and whether they can set a CUDA device."""
     L.forget_shared()
+    forget_sims()
     with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
         return _predict(plan, world, deadline, platform)
 

@@ -427,6 +427,39 @@ def render_draws(report: Any, console: Console, full: bool = False) -> None:
     console.print(table)
 
 
+def render_produced(produced: Any, console: Console) -> None:
+    """What the sweep produced and then checked: derived meshes by kind, the redistribute transform matrix (source
+    placement by position and target), and the conditions the transforms ran under; what never was, in red."""
+    from .produced import CONDITIONS, MESH_KINDS, POSITIONS, SOURCES, TARGETS
+
+    def count(n: int) -> str:
+        return f"[bold red]{n}[/]" if not n else str(n)
+
+    kinds = list(dict.fromkeys(MESH_KINDS.values()))
+    console.print("derived meshes produced and checked: "
+                  + ", ".join(f"{k} {count(produced.meshes[k])}" for k in kinds), highlight=False)
+    table = Table(title="redistribute transforms produced and checked (moves on mesh dims of size > 1)",
+                  title_justify="left")
+    table.add_column("from")
+    for position in POSITIONS:
+        for target in TARGETS:
+            table.add_column(f"{position} -> {target}", justify="right")
+    for source in SOURCES:
+        row = [source]
+        for position in POSITIONS:
+            for target in TARGETS:
+                row.append("-" if (source, target) == ("R", "R") else count(produced.cells[(position, source,
+                                                                                             target)]))
+        table.add_row(*row)
+    console.print(table)
+    console.print("transforms ran under: " + ", ".join(f"{c} {count(produced.conditions[c])}" for c in CONDITIONS),
+                  highlight=False)
+    missing = produced.missing()
+    if any(missing.values()):
+        never = [*missing["meshes"], *(" ".join(c) for c in missing["cells"]), *missing["conditions"]]
+        console.print(f"[bold red]never produced and checked:[/] {', '.join(never)}", highlight=False)
+
+
 def render_reach(reach: Any, console: Console) -> None:
     """Coverage of torch's DeviceMesh code, and where it was never reached."""
     table = Table(title="torch DeviceMesh code reached (excluding the reviewed CPU-unreachable code)",

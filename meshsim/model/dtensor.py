@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ..spec.fields import flatten_layout
 from ..spec.placements import (
@@ -43,6 +43,8 @@ from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
 __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
            "placement_text"]
+
+T = TypeVar("T")
 
 MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
 FINDING = "dtensor-chunk-by-group-rank"
@@ -440,8 +442,9 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
         at = move.logical_dim if move.logical_dim is not None else move.dims[0]
         logical = {r: logical_shapes((beliefs or {}).get(r, shape), src, geo.coordinate[r], geo.shape)[at]
                    for r in geo.flat}
+        memo: dict[Any, Any] = {}  # what members of one group share (their padded blocks), computed once
         locals_ = {r: _transform(locals_, order(geo, r, move.dims), r, geo.line(r, move.dims).index(r), move,
-                                 logical) for r in geo.flat}
+                                 logical, memo) for r in geo.flat}
     return locals_
 
 
@@ -462,27 +465,37 @@ def sent_shape(block: tuple[int, ...], move: Move, logical: tuple[int, ...], k: 
 
 
 def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int, move: Move,
-               logical: dict[int, tuple[int, ...]]) -> Block:
+               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None) -> Block:
     """Rank r's block after one move: `members` in the order the collective follows, `coord` r's index along the
-    move's dims in coordinate order, `logical` every member's logical shape."""
+    move's dims in coordinate order, `logical` every member's logical shape; `memo` keeps what the members of
+    one group compute alike (one dict per move)."""
     current, target = move.current, move.target
     k, mine, kind = len(members), locals_[r], comm_kind(move)
-    if kind is not None:
+    memo = {} if memo is None else memo
+    group = tuple(members)
+    if kind is not None and ("sizes", group) not in memo:
         sent = {m: sent_shape(locals_[m].shape, move, logical[m], k) for m in members}
         if len(set(sent.values())) > 1:
             raise SizeMismatch(move.dims, sent)
+        memo[("sizes", group)] = True
     if target[0] == "R" and current[0] == "P":
-        reduced = reduce_blocks([locals_[m] for m in members], current[1])
-        return scale(reduced, move.avg_scale) if move.avg_scale > 1 else reduced
+        if ("reduced", group) not in memo:
+            reduced = reduce_blocks([locals_[m] for m in members], current[1])
+            memo[("reduced", group)] = scale(reduced, move.avg_scale) if move.avg_scale > 1 else reduced
+        return cast(Block, memo[("reduced", group)])
     if target[0] == "R" and current[0] == "S":
         a, size = current[1], logical[r][current[1]]
-        padded = [_pad_to(locals_[m], a, size, k) for m in members]
-        return made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies the unpadded view
+        if ("gathered", group, size) not in memo:
+            padded = [_pad_to(locals_[m], a, size, k) for m in members]
+            memo[("gathered", group, size)] = made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies
+        return cast(Block, memo[("gathered", group, size)])
     if target[0] == "S" and current[0] == "R":
         return select_chunk(mine, target[1], k, coord)
     if target[0] == "S" and current[0] == "P":
         a = target[1]
-        chunks = [split_padded(locals_[m], a, k) for m in members]
+        if ("split", group) not in memo:
+            memo[("split", group)] = [split_padded(locals_[m], a, k) for m in members]
+        chunks = memo[("split", group)]
         reduced = reduce_blocks([c[0][members.index(r)] for c in chunks], current[1])
         if move.avg_scale > 1:
             reduced = scale(reduced, move.avg_scale)
@@ -571,6 +584,33 @@ class DTensorModel:
             return local_observation(block.shape, tensor_values(block.values), offset, texts, self.shape)
 
         return self.observe(rank, seen)
+
+
+_SIMS: dict[Any, Any] = {}  # one prediction's whole-mesh simulations, shared by the ranks that ask alike
+_SIMS_LIMIT = 4096
+
+
+def shared_sim(key: Any, inputs: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """build(), once for every rank of a prediction that asks with the same key and the very same input objects:
+    each rank's model simulates the whole mesh, and the members of one mesh would all simulate it alike."""
+    hit = _SIMS.get(key)
+    if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
+        return cast(T, hit[1])
+    if len(_SIMS) >= _SIMS_LIMIT:
+        _SIMS.clear()
+    value = build()
+    _SIMS[key] = (inputs, value)
+    return value
+
+
+def forget_sims() -> None:
+    """Drop the last prediction's simulations (a new plan's blocks are new objects)."""
+    _SIMS.clear()
+
+
+def flattened_layouts(mesh: Any) -> frozenset[Any]:
+    """The layouts of the flattened meshes of `mesh`'s root (what torch's merges look up)."""
+    return frozenset(flat.layout for flat in mesh.root_mesh.flatten_mapping.values())
 
 
 def flattened_dims(mesh: Any) -> Callable[[tuple[int, ...]], bool] | None:

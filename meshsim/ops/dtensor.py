@@ -98,12 +98,25 @@ class _Unsimulated(Exception):
 
 
 def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shape: tuple, placements: list[tuple],
-            sim: Any) -> D.DTensorModel:
+            sim: Any, key: Any = None) -> D.DTensorModel:
     """A new DTensor: `sim(geo, state, order, flattened)` run for the right side (coordinate order, dim by dim) and
-    for torch's (group-rank order, collectives merged onto the root's flattened meshes; None: not simulated)."""
+    for torch's (group-rank order, collectives merged onto the root's flattened meshes; None: not simulated).
+    `key`: what else the simulation depends on (the step and its arguments), so that the ranks of a prediction
+    that hold the same blocks simulate the mesh once (None: every rank simulates)."""
     if geo is None:  # outside the mesh: torch keeps an empty local tensor and moves nothing
         state = {mesh.rank: D.empty_block()} if prev is None else prev.right
         return D.DTensorModel(mesh, geo, shape, placements, state, state)
+    if key is None:
+        return _simulated(prev, mesh, geo, shape, placements, sim)
+    inputs = (prev.right, prev.torch) if prev is not None else ()
+    full = (key, tuple(geo.flat), geo.shape, mesh.layout, mesh.names, D.flattened_layouts(mesh),
+            D.contradicted(mesh, geo, mesh.rank), prev.finding if prev is not None else None)
+    made = D.shared_sim(full, inputs, lambda: _simulated(prev, mesh, geo, shape, placements, sim))
+    return D.DTensorModel(mesh, geo, shape, placements, made.right, made.torch, made.finding, made.beliefs)
+
+
+def _simulated(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry, shape: tuple, placements: list[tuple],
+               sim: Any) -> D.DTensorModel:
     right_before = prev.right if prev is not None else None
     torch_before = prev.torch if prev is not None else None
     beliefs = prev.beliefs if prev is not None else None
@@ -154,7 +167,8 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     _calls(run, mesh, list(range(mesh.ndim)), "distribute")
     tensor = D.arange_block(shape)
     return _derive(None, mesh, geo, shape, placements,
-                   lambda g, _, order, flat: D.distribute(g, tensor, placements, order))
+                   lambda g, _, order, flat: D.distribute(g, tensor, placements, order),
+                   ("distribute", shape, tuple(placements)))
 
 
 def torch_plan(dt: D.DTensorModel, target: list[tuple], flattened: Any) -> list[D.Move]:
@@ -191,8 +205,10 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
         plan = torch_plan(dt, target, flat) if flat is not None else None
         return D.redistribute(g, dt.shape, state, dt.placements, target, order, plan, dt.beliefs)
 
+    key = ("redistribute", dt.shape, tuple(dt.placements), tuple(target),
+           tuple(sorted(dt.beliefs.items())) if dt.beliefs else None)
     try:
-        result = _derive(dt, mesh, dt.geometry, dt.shape, target, sim)
+        result = _derive(dt, mesh, dt.geometry, dt.shape, target, sim, key)
     except D.SizeMismatch as exc:
         _move_calls(run, mesh, moves, what, exc)
         raise ModelRaise(Err(None, "")) from None  # right: an error; gloo: undefined (the prediction says so)
@@ -446,7 +462,8 @@ class FromLocal:
                 out = {r: out[order(g, r, d)[0]] for r in g.flat}
             return out
 
-        made = _derive(given, mesh, geo, shape, placements, sim)
+        key = ("from_local", shape, tuple(placements), tuple(checked))
+        made = _derive(given, mesh, geo, shape, placements, sim, key)
         made.beliefs = _beliefs(run, a, given.torch or given.right, placements, tuple(mesh.shape))
         return made
 
@@ -507,12 +524,15 @@ def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
 def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> D.DTensorModel:
     """The blocks from_local receives on every member (this rank alone outside the mesh), as they should be and
     as torch holds them: a fresh block per rank, or `source`'s local blocks."""
-    ranks = geo.flat if geo is not None else [run.model.rank]
+    ranks = tuple(geo.flat if geo is not None else [run.model.rank])
     torch: D.Blocks | None
     if source is None:  # each member's own local_shape (on_rank may give one its own)
-        right = torch = {r: D.arange_block(tuple(run.args_of(r, a)["local_shape"]), rank_weight(r)) for r in ranks}
+        shapes = tuple(tuple(run.args_of(r, a)["local_shape"]) for r in ranks)
+        right = torch = D.shared_sim(("fresh blocks", ranks, shapes), (), lambda: {
+            r: D.arange_block(shape, rank_weight(r)) for r, shape in zip(ranks, shapes)})
     else:
-        right, torch = source.map_sides(lambda state: {r: state.get(r, D.empty_block()) for r in ranks})
+        right, torch = D.shared_sim(("blocks of", ranks), (source.right, source.torch), lambda: source.map_sides(
+            lambda state: {r: state.get(r, D.empty_block()) for r in ranks}))
     return D.DTensorModel(run.mesh(a["mesh"]), geo, (), [], right, torch)
 
 

@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"seconds shrinking a disagreement may take; the smallest failing plan so far then stands "
                          f"(default {SHRINK_S:g})")
     fz.add_argument("--coverage", action="store_true",
-                    help="measure line and branch coverage of torch's device_mesh.py and _mesh_layout.py in the "
-                         "ranks (process tier), and print what was never reached")
+                    help="measure line and branch coverage of torch's DeviceMesh and DTensor files in the ranks "
+                         "(process tier), and print per file what was never reached")
     _cluster_options(fz, deadline=PLAN_S)
     _tier_options(fz)
 
@@ -301,7 +301,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if report.findings:
         out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
     render_draws(report, out, full=args.coverage)
-    render_produced(report.produced, out)
+    render_produced(report.produced, out, complete=report.passed)
     if report.reach is not None:
         render_reach(report.reach, out)
     if report.passed:

@@ -115,52 +115,24 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
          on_example: Callable[[FuzzReport, Any], None] | None = None,
          expected_hang_deadline: float = deadlines.EXPECTED_HANG_S,
          shrink_budget: float = deadlines.SHRINK_S) -> FuzzReport:
-    """Run `examples` generated plans; stop at the first disagreement and shrink it (within `shrink_budget`).
+    """Run `examples` plans: the matrix plans first (every redistribute cell, every derived mesh kind), then
+    generated ones; stop at the first disagreement and shrink it (within `shrink_budget`).
 
     Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
     deadline would only confirm the prediction more slowly.
     """
-    report = FuzzReport(cluster.topology)
-    report.shrinking = shrink = Shrinking(shrink_budget)
-    world = cluster.world
-    strategy = plans(world, max_steps=max_steps, device=cluster.platform.device)
+    sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example)
+    report = sweep.report
+    strategy = plans(sweep.world, max_steps=max_steps, device=cluster.platform.device)
     if divergent:
-        strategy = st.one_of(strategy, divergent_plans(world))
-    started = time.monotonic()
-
-    def torch_agrees_with_model(plan: Any) -> None:
-        key = plan.to_json()
-        if shrink.exhausted():  # no more runs: only the failures already seen fail again
-            if key in shrink.failures:
-                raise Disagreement(shrink.failures[key])
-            return
-        prediction = prediction_for(plan, world, deadline, cluster.platform)
-        wait = deadline
-        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
-            wait = min(deadline, expected_hang_deadline)
-        if shrink.hang_wait is not None:
-            wait = min(wait, shrink.hang_wait)
-        try:
-            result = check(cluster, plan, wait, strict=strict, prediction=prediction)
-        except ClusterError as exc:
-            raise Interrupted(exc) from None
-        _count(report, plan, result)
-        if on_example is not None:
-            on_example(report, result)
-        if not result.passed:
-            if shrink.started is None:
-                report.time_to_failure = time.monotonic() - started
-                shrink.begin(result, expected_hang_deadline)
-            shrink.failures[key] = result
-            raise Disagreement(result)
-
+        strategy = st.one_of(strategy, divergent_plans(sweep.world))
     runs_dtensor = capabilities(getattr(cluster, "tier", "process")).dtensor
-    first = matrix_plans(world)[:max(0, examples - 1)] if runs_dtensor and world > 1 else []
-    for chunk, count in enumerate(_chunks(examples)):
-        test = given(strategy)(torch_agrees_with_model)
+    first = matrix_plans(sweep.world)[:max(0, examples - 1)] if runs_dtensor and sweep.world > 1 else []
+    for chunk, count in enumerate(_chunks(examples - len(first))):  # the matrix plans count among the examples
+        test = given(strategy)(sweep.torch_agrees_with_model)
         for plan in first if chunk == 0 else []:  # run first: every cell of the matrix, every derived mesh
             test = example(plan)(test)
-        run = settings(max_examples=max(1, count - (len(first) if chunk == 0 else 0)), deadline=None,
+        run = settings(max_examples=count, deadline=None,
                        database=None, report_multiple_bugs=False,
                        phases=[Phase.explicit, Phase.generate, Phase.shrink], print_blob=False,
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])(test)
@@ -172,12 +144,14 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
             report.failure = exc.result  # Hypothesis re-runs the minimal example last
             break
         except FlakyFailure as exc:  # the minimal example passed when replayed: report the failure as seen
-            report.failure = _disagreement_in(exc) or shrink.first
+            report.failure = _disagreement_in(exc) or report.shrinking.first
             report.notes.append("the failure did not repeat when replayed (flaky): it is reported as first seen")
             break
         except Interrupted as exc:
             raise exc.error from None
-    report.elapsed = time.monotonic() - started
+    if report.failure is not None and report.failure.plan in first:  # Hypothesis does not shrink explicit ones
+        report.failure = sweep.shrink_steps(report.failure)
+    report.elapsed = time.monotonic() - sweep.started
     _settle(report, cluster, deadline, strict)
     topology = cluster.topology
     if report.failure is not None and getattr(cluster, "tier", "process") != "process":
@@ -187,6 +161,77 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     if report.failure is not None and save_dir is not None:
         report.saved = save_counterexample(report.failure, topology, deadline, seed, save_dir)
     return report
+
+
+class _Sweep:
+    """One sweep on one cluster: runs a plan against the model (counting it in the report), and shrinks."""
+
+    def __init__(self, cluster: Any, deadline: float, strict: bool, expected_hang_deadline: float,
+                 shrink_budget: float, on_example: Callable[[FuzzReport, Any], None] | None):
+        self.cluster, self.world, self.deadline, self.strict = cluster, cluster.world, deadline, strict
+        self.expected_hang_deadline, self.on_example = expected_hang_deadline, on_example
+        self.report = FuzzReport(cluster.topology)
+        self.report.shrinking = self.shrink = Shrinking(shrink_budget)
+        self.started = time.monotonic()
+
+    def attempt(self, plan: Any) -> Any:
+        """Run `plan` against the model, count it, and remember it when it fails."""
+        shrink = self.shrink
+        prediction = prediction_for(plan, self.world, self.deadline, self.cluster.platform)
+        wait = self.deadline
+        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
+            wait = min(wait, self.expected_hang_deadline)
+        if shrink.hang_wait is not None:
+            wait = min(wait, shrink.hang_wait)
+        try:
+            result = check(self.cluster, plan, wait, strict=self.strict, prediction=prediction)
+        except ClusterError as exc:
+            raise Interrupted(exc) from None
+        _count(self.report, plan, result)
+        if self.on_example is not None:
+            self.on_example(self.report, result)
+        if not result.passed:
+            if shrink.started is None:
+                self.report.time_to_failure = time.monotonic() - self.started
+                shrink.begin(result, self.expected_hang_deadline)
+            shrink.failures[plan.to_json()] = result
+        return result
+
+    def torch_agrees_with_model(self, plan: Any) -> None:
+        """Hypothesis' test: a Disagreement unless torch agrees (past the shrink budget, plans no longer run:
+        only failures already seen fail again)."""
+        if self.shrink.exhausted():
+            seen = self.shrink.failures.get(plan.to_json())
+            if seen is not None:
+                raise Disagreement(seen)
+            return
+        result = self.attempt(plan)
+        if not result.passed:
+            raise Disagreement(result)
+
+    def shrink_steps(self, failure: Any) -> Any:
+        """A failing plan made smaller by dropping one step at a time while it still fails (a plan that no longer
+        validates is skipped), within the shrink budget."""
+        from .ops import validate
+        from .spec.plan import Plan, PlanError
+
+        improved = True
+        while improved and not self.shrink.exhausted():
+            improved = False
+            for index in reversed(range(len(failure.plan.steps))):
+                steps = failure.plan.steps
+                candidate = Plan(steps[:index] + steps[index + 1:])
+                try:
+                    validate(candidate, self.world)
+                except PlanError:
+                    continue
+                result = self.attempt(candidate)
+                if not result.passed:
+                    failure, improved = result, True
+                    break
+                if self.shrink.exhausted():
+                    break
+        return failure
 
 
 def _count(report: FuzzReport, plan: Any, result: Any) -> None:

@@ -100,11 +100,6 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
     names = sorted(WEIGHTS)
     enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)
     menu = [n for n in names if n in enabled for _ in range(WEIGHTS[n])]
-    if "dtensor" in enabled and b.meshes() and rarely(draw, 3):
-        # a cell of the redistribute matrix, drawn directly (a random walk reaches few): every cell of it, and
-        # every condition, is produced and checked in a default sweep (meshsim.produced)
-        handle, mesh = b.meshes()[0]
-        draw(_transform_cells(b, handle, mesh, allow_errors))
     for _ in range(draw(st.integers(0, max_steps - 1))):
         meshes = b.meshes()
         if not meshes:
@@ -121,6 +116,11 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
             b.add(made)
             if check_every_mesh and made.out and made.out in b.run.handles:
                 b.add(step("check", mesh=made.out))
+    if "dtensor" in enabled and b.meshes() and rarely(draw, 3):
+        # a cell of the redistribute matrix, drawn directly (a random walk reaches few; drawn last, where shrinking
+        # drops it first): a sweep produces and checks every cell, under every condition (meshsim.produced)
+        handle, mesh = b.meshes()[0]
+        draw(_transform_cells(b, handle, mesh, allow_errors))
     checked = {s.args.get("mesh") for s in b.steps if s.op == "check"}
     unchecked = [h for h, _ in b.meshes() if h not in checked]
     if unchecked:
@@ -431,8 +431,8 @@ def _transform_cells(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow
     same root derived again afterwards."""
     position = draw(st.sampled_from(["1-D", "outer", "inner"]))
     handle, mesh, d = draw(_mesh_for(b, handle, mesh, position))
-    if d < 0:
-        return
+    if d < 0 or draw(st.integers(0, 7)) == 0:  # (0, where shrinking goes: a failure that needs only the mesh
+        return                                  # loses the DTensor steps)
     if mesh.ndim > 1 and rarely(draw, 3):
         b.add(step("flatten", src=handle, name=b.fresh("fn"), out=b.fresh("f")))  # torch merges onto it
     kind = draw(st.sampled_from(["R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"]))
@@ -521,6 +521,8 @@ def matrix_plans(world: int) -> list[Plan]:
     if two:
         out.append(Plan(tuple(_every_derived_mesh(list(two[0])))))
         out.append(Plan(tuple(_conditions(list(two[0])))))
+        out.append(Plan(tuple(_dtensor_edges(list(two[0])))))
+        out.append(Plan(tuple(_device_mesh_edges(list(two[0])))))
     return out
 
 
@@ -552,8 +554,13 @@ def _conditions(shape: list[int]) -> list[Step]:
             step("flatten", src="m", out="f"),
             step("distribute", mesh="m", shape=[a * b + 1], placements=["S(0)", "R", "S(0)"], out="t"),
             step("full_tensor", tensor="t"),
-            step("from_local", mesh="m", local_shape=[a * b], placements=["P(sum)", "R", "P(sum)"], out="p"),
+            step("from_local", mesh="m", local_shape=[a * b], placements=["P(sum)", "R", "P(avg)"], out="p"),
             step("redistribute", tensor="p", placements=["R", "R", "R"], out="q"), step("to_local", tensor="q"),
+            step("redistribute", tensor="p", placements=["S(0)", "R", "S(0)"], out="q2"),  # one reduce_scatter
+            step("to_local", tensor="q2"),
+            step("from_local", mesh="m", local_shape=[a * b + 1], placements=["P(max)", "R", "P(max)"], out="p3"),
+            step("redistribute", tensor="p3", placements=["S(0)", "R", "S(0)"], out="q3"),  # uneven: not merged
+            step("to_local", tensor="q3"),
             step("slice", src="m", names=["a", "b"], out="s"),
             step("distribute", mesh="s", shape=[b + 1, 2], placements=["S(1)", "S(0)"], out="u"),
             step("redistribute", tensor="u", placements=["R", "S(1)"], out="v"), step("full_tensor", tensor="v"),
@@ -562,14 +569,86 @@ def _conditions(shape: list[int]) -> list[Step]:
             step("full_tensor", tensor="w")]
 
 
+def _dtensor_edges(shape: list[int]) -> list[Step]:
+    """DTensor's API at its edges: Partial placements distributed, a redistribute that changes nothing, from_local
+    with a given shape and run_check, a negative Shard dim, torch.sum of Partials it must reduce first, and the
+    requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks)."""
+    a, b = shape
+    world = a * b
+    return [step("init_device_mesh", shape=[world], names=["w"], out="w"),
+            step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+            step("distribute", mesh="m", shape=[b, 3], placements=["P(sum)", "P(avg)"], out="p"),
+            step("to_local", tensor="p"),
+            step("distribute", mesh="w", shape=[world + 1], placements=["S(0)"], out="t"),
+            step("redistribute", tensor="t", placements=["S(0)"], out="same"), step("to_local", tensor="same"),
+            step("from_local", mesh="w", tensor="t", placements=["S(-1)"], shape=[world + 1], run_check=True,
+                 out="given"),
+            step("full_tensor", tensor="given"),
+            step("from_local", mesh="w", tensor="t", placements=["S(0)"], run_check=True, out="inferred"),
+            step("from_local", mesh="m", local_shape=[2, 3], placements=["R", "S(1)"], run_check=True, out="r"),
+            step("to_local", tensor="r"),
+            step("from_local", mesh="m", local_shape=[2, 3], placements=["P(max)", "S(0)"], out="mx"),
+            step("sum", tensor="mx", dim=0, out="s0"), step("to_local", tensor="s0"),
+            step("sum", tensor="mx", dim=1, out="s1"), step("to_local", tensor="s1"),
+            step("sum", tensor="p", dim=-1, out="s2"), step("to_local", tensor="s2"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "R"], out="rr"),
+            step("sum", tensor="rr", dim=0, out="s3"), step("to_local", tensor="s3"),
+            step("distribute", mesh="m", shape=[b + 1, 5], placements=["S(0)", "S(1)"], out="ss"),
+            step("full_tensor", tensor="ss"),
+            step("from_local", mesh="m", local_shape=[2], placements=["P(sum)", "P(max)"], out="mixed"),
+            step("redistribute", tensor="mx", placements=["P(sum)", "S(0)"], out="np"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "R", "R"], out="long"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim")]
+
+
+def _device_mesh_edges(shape: list[int]) -> list[Step]:
+    """DeviceMesh's requests at their edges, most of them refused: a dim left out, names that do not exist, slicing
+    out of order, unflatten sizes that do not multiply, flatten onto a taken name, from_group without what n
+    groups need, backend_override keys that are not dims, a root dim asked of a 2-D mesh."""
+    a, b = shape
+    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+            step("query", mesh="m", what="get_group"), step("query", mesh="m", what="get_local_rank"),
+            step("query", mesh="m", what="root_mesh_dim"), step("slice", src="m", names=["b", "a"], out="x1"),
+            step("slice", src="m", names="nope", out="x2"), step("slice", src="m", names=["a", "a"], out="x3"),
+            step("unflatten", src="m", dim="b", sizes=[b + 1], names=["u"], out="x4"),
+            step("unflatten", src="m", dim=2, sizes=[b], names=["u"], out="x5"),
+            step("unflatten", src="m", dim="b", sizes=[b, 1], names=["u"], out="x6"),
+            step("flatten", src="m", name="a", out="x7"),
+            step("from_group", src="m", dims=[0, 1], layout=list(range(a)), names=["p", "q"], out="x8"),
+            step("from_group", groups=[], out="x9"),
+            step("init_device_mesh", shape=shape, names=["a", "b"], backend_override=[[0, "gloo"], ["a", "gloo"]],
+                 out="x10"),
+            step("init_device_mesh", shape=[a * b], names=["w", "w"], out="x11"),
+            step("init_device_mesh", shape=shape, names=["w"], out="x13"),
+            step("init_device_mesh", shape=shape, out="unnamed"), step("slice", src="unnamed", names="a", out="x12"),
+            step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
+            step("concatenate", srcs=["sb", "sa"], out="x14"), step("concatenate", srcs=["sa", "sa"], out="x15"),
+            step("init_device_mesh", shape=shape, names=["c", "d"], out="n"),
+            step("slice", src="n", names="d", out="nd"),
+            step("concatenate", srcs=["sa", "nd"], out="x16"),
+            step("flatten", src="m", name="ab", out="f"), step("slice", src="sb", names="ab", out="x17"),
+            step("query", mesh="sa", what="get_group", dim="ab"),
+            step("unflatten", src="f", dim=0, sizes=[a, b], names=["p", "q"], backend_override=[[0, "gloo"]],
+                 out="u"), step("check", mesh="u"),
+            step("mesh", layout=list(range(a * b)), init_backend=False, out="nb"),
+            step("query", mesh="nb", what="get_group"), step("flatten", src="nb", out="x18"),
+            step("check", mesh="m")]
+
+
 def _every_derived_mesh(shape: list[int]) -> list[Step]:
     """Each kind of derived mesh made from one root and checked."""
-    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+    a, b = shape
+    groups = [step("new_group", ranks=list(range(i, a * b, b)), out=f"r{i}") for i in range(b)]  # dim a's lines
+    groups += [step("new_group", ranks=list(range(i * b, (i + 1) * b)), out=f"c{i}") for i in range(a)]  # dim b's
+    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"), *groups,
             step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
             step("concatenate", srcs=["sa", "sb"], out="c"), step("check", mesh="c"),
             step("flatten", src="m", out="f"), step("check", mesh="f"),
             step("unflatten", src="f", dim=0, sizes=list(shape), names=["x", "y"], out="u"), step("check", mesh="u"),
             step("from_group", src="m", dims=["b"], out="g"), step("check", mesh="g"),
+            step("from_group", groups=[[f"r{i}" for i in range(shape[1])], [f"c{i}" for i in range(shape[0])]],
+                 layout=[list(range(i * shape[1], (i + 1) * shape[1])) for i in range(shape[0])], names=["x", "y"],
+                 out="h"), step("check", mesh="h"),
             step("all_submeshes", src="m", dim="b", out="l"), step("check", mesh="l.0")]
 
 

@@ -367,6 +367,8 @@ class Distribute:
             return None
         shape = draw(tensor_shapes(mesh.shape))
         placements = draw(placement_lists(mesh.ndim, len(shape)))
+        if allow_errors and rarely(draw, 20):  # refused: one placement too many, or a dim the tensor lacks
+            placements = placements + ["R"] if draw(st.booleans()) else placements[:-1] + [f"S({len(shape)})"]
         return step("distribute", mesh=handle, shape=shape, placements=placements, out=b.fresh("t"))
 
 

@@ -127,3 +127,20 @@ def unflatten_swaps_sizes():
         return original(self, dim, sizes, mesh_dim_names, backend_override=backend_override)
 
     DeviceMesh._unflatten = unflatten
+
+
+def rank_3_stalls_in_all_gather():
+    """Rank 3 never returns from an all_gather: every plan that gathers hangs (for the shrink-budget checks)."""
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() != 3:
+        return
+    original = dist.all_gather
+
+    def all_gather(*args, **kwargs):
+        time.sleep(3600)
+        return original(*args, **kwargs)
+
+    dist.all_gather = all_gather

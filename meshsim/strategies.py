@@ -84,7 +84,7 @@ def root_steps(draw: Any, world: int, allow_errors: bool = True, numel: int | No
 # another independent mesh, "composition" and "dtensor" a deep chain of steps (COMPOSITIONS,
 # DTENSOR_COMPOSITIONS) that a random walk rarely completes.
 WEIGHTS = {**{op.name: op.weight for op in OPERATIONS.values() if op.weight}, "root": 1, "composition": 5,
-           "dtensor": 8}
+           "dtensor": 5}
 
 
 @st.composite
@@ -475,6 +475,8 @@ def _onward(draw: Any, b: _Builder, ref: str | None, d: int) -> None:
     if draw(st.booleans()):
         b.add(step("to_local", tensor=ref))
     b.add(step("full_tensor", tensor=ref))
+    if rarely(draw, 3):  # summed over a dim its shards may be on: Partial(sum) where they were
+        b.add(step("sum", tensor=ref, dim=draw(st.integers(0, len(dt.shape) - 1)), out=b.fresh("t")))
     if rarely(draw, 3):
         draw(_derived_after(b, ref))
 

@@ -244,3 +244,49 @@ def test_a_hang_from_crossed_group_names_has_the_same_culprits_on_every_run(mesh
     assert all(r.passed and r.outcome == HANG for r in runs)
     assert runs[0].culprits == runs[1].culprits == predict(plan, 8).collided == list(range(8))
     assert "group-name-collision" in runs[0].findings
+
+
+@st.composite
+def stress_plans(draw):
+    """Families the generator does not draw, each from a false alarm the model once raised: blocks whose sizes each
+    rank picks, Partial pairs with different reduce ops, a mesh built without a backend, a flattened root under a
+    DTensor, a sum of a Partial torch must reduce first."""
+    family = draw(st.sampled_from(["sizes", "pairs", "no-backend", "flattened", "sum"]))
+    m = step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m")
+    if family == "sizes":
+        sizes = draw(st.lists(st.integers(1, 3), min_size=8, max_size=8))
+        placement = draw(st.sampled_from(["S(0)", "P(sum)", "R"]))
+        return Plan((step("init_device_mesh", shape=[8], out="m"),
+                     step("from_local", mesh="m", local_shape=[sizes[0]], placements=[placement], out="t",
+                          on_rank={r: {"local_shape": [n]} for r, n in enumerate(sizes) if r}),
+                     step("redistribute", tensor="t", placements=[draw(st.sampled_from(["R", "S(0)"]))], out="u"),
+                     step("to_local", tensor="u")))
+    if family == "pairs":
+        ops = draw(st.sampled_from([("sum", "avg"), ("avg", "sum"), ("sum", "max"), ("min", "min")]))
+        target = draw(st.lists(st.sampled_from(["R", "S(0)", "S(1)"]), min_size=2, max_size=2))
+        return Plan((m, step("from_local", mesh="m", local_shape=[2, 3], placements=[f"P({o})" for o in ops], out="t"),
+                     step("redistribute", tensor="t", placements=target, out="u"), step("full_tensor", tensor="u")))
+    if family == "no-backend":
+        target = draw(st.sampled_from(["S(0)", "R"]))
+        return Plan((step("mesh", layout=list(range(8)), init_backend=False, out="m"),
+                     step("from_local", mesh="m", local_shape=[4], placements=[draw(st.sampled_from(["R", "S(0)"]))],
+                          out="t"),
+                     step("redistribute", tensor="t", placements=[target], out="u"), step("to_local", tensor="u"),
+                     step("sum", tensor="u", dim=0, out="v"), step("to_local", tensor="v")))
+    if family == "flattened":
+        size = draw(st.integers(1, 9))
+        placements = draw(st.sampled_from([["S(0)", "S(0)"], ["P(sum)", "P(avg)"], ["P(max)", "P(max)"]]))
+        make = step("distribute", mesh="m", shape=[size], placements=placements, out="t") if placements[0][0] == "S" \
+            else step("from_local", mesh="m", local_shape=[size], placements=placements, out="t")
+        return Plan((m, step("flatten", src="m", out="f"), make,
+                     step("redistribute", tensor="t", placements=draw(st.sampled_from([["R", "R"], ["S(0)", "S(0)"]])),
+                          out="u"), step("to_local", tensor="u")))
+    placements = draw(st.sampled_from([["P(avg)", "S(1)"], ["P(max)", "P(max)"], ["S(0)", "P(min)"]]))
+    return Plan((m, step("from_local", mesh="m", local_shape=[2, 3], placements=placements, out="t"),
+                 step("sum", tensor="t", dim=draw(st.integers(0, 1)), out="s"), step("to_local", tensor="s")))
+
+
+def test_plans_written_to_stress_the_model_agree_with_torch_or_name_their_finding(meshsim_cluster):
+    from meshsim.testing import check_property
+
+    check_property(meshsim_cluster, stress_plans(), max_examples=12)

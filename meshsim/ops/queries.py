@@ -147,7 +147,7 @@ class Query:
         return step("query", mesh=handle, what=what, dim=dim)
 
 
-@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",), weight=1)
+@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",), weight=2)
 class GetRank:
     """mesh.get_rank(): this rank's global rank, asked of a mesh"""
 

@@ -511,13 +511,13 @@ def matrix_plans(world: int) -> list[Plan]:
     least once: a sweep runs them first, so its reach does not hang on what the draws happen to hit. For each
     position and source placement, a source redistributed to Replicate and to a Shard there, the Shard moved to
     another tensor dim and gathered, on shapes that do not divide the mesh."""
-    shapes = {"1-D": [world]}
     two = [s for s in _factorisations(world) if len(s) == 2 and s[0] > 1 and s[1] > 1]
-    if two:
-        shapes["outer"] = shapes["inner"] = list(two[0])
+    three = [s for s in _factorisations(world) if len(s) == 3 and min(s) > 1]
+    where = [([world], 0)]  # (mesh shape, mesh dim): a 1-D mesh's dim, an outer, an inner and a middle one
+    where += [(list(two[0]), 0), (list(two[0]), 1)] if two else []
+    where += [(list(three[0]), 1)] if three else []
     out = []
-    for position, shape in shapes.items():
-        d = 1 if position == "inner" else 0
+    for shape, d in where:
         for kind in ("R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"):
             out.append(Plan(tuple(_matrix_steps(shape, d, kind))))
     if two:

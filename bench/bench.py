@@ -8,6 +8,8 @@ start   cluster ready time for W = 4, 8, 16, 32 (fresh process: forkserver + tor
 plans   plans/s at W = 8 for a mix of 2-D and 3-D meshes with a check step, next to the same torch calls
         in a raw loop on persistent ranks (no harness), and a spawn-per-test harness
 fuzz    generated examples/s at W = 8 and W = 16
+sweep   the default sweep at W = 8 by seed: branch coverage per torch file, examples/s next to the same sweep
+        without DTensor steps, the produced-and-checked matrix, seeded DTensor and DeviceMesh bugs caught
 find    time for `fuzz` to find and shrink a bug injected into DeviceMesh in the workers
 memory  worker RSS and PSS (shared pages split) at W = 8
 launch  each example script under `meshsim launch` (unchanged, simulated GPUs) next to `torchrun --standalone` of
@@ -244,6 +246,77 @@ def dtensor_section(examples: int = 400) -> None:
     console.print(table)
 
 
+def sweep_section(examples: int = 400, seeds: tuple[int, ...] = (1, 2, 3)) -> None:
+    """The default sweep at W = 8 (`meshsim fuzz --hosts 2 --devices-per-host 4 --examples 400`), by seed: branch
+    coverage of each torch file (--coverage), examples/s next to the same sweep without DTensor steps measured
+    in the same run (goal: >= 8 with them), what it produced and checked, and seeded DTensor and DeviceMesh bugs
+    (tests/faults.py) caught by a default sweep."""
+    import tempfile
+
+    from meshsim import Cluster, Topology, strategies
+    from meshsim.fuzz import fuzz
+    from meshsim.report import render_produced
+    from meshsim.torch_coverage import MODULES, combine
+
+    reaches, rates, produced = {}, [], None
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix="meshsim-coverage-") as measured:
+            with Cluster(Topology(2, 4), deadline=10, coverage_dir=measured) as cluster:
+                report = fuzz(cluster, examples, seed=seed, deadline=10)
+            reaches[seed] = combine(measured)
+        produced = produced or report.produced
+        with Cluster(Topology(2, 4), deadline=10) as cluster:
+            full = fuzz(cluster, examples, seed=seed, deadline=10)
+            saved = dict(strategies.WEIGHTS)
+            try:
+                for op in ("distribute", "redistribute", "full_tensor", "to_local", "from_local", "sum", "dtensor"):
+                    strategies.WEIGHTS.pop(op, None)
+                bare = fuzz(cluster, examples, seed=seed, deadline=10)
+            finally:
+                strategies.WEIGHTS.clear()
+                strategies.WEIGHTS.update(saved)
+        rates.append((seed, full.rate, bare.rate, report.rate, full.passed and report.passed))
+    table = Table(title=f"branch coverage of torch's code by a default sweep ({examples} plans, W = 8), by seed")
+    table.add_column("file")
+    for seed in seeds:
+        table.add_column(f"seed {seed}", justify="right")
+    for module in MODULES:
+        row = [module.replace("torch/distributed/", "")]
+        for seed in seeds:
+            hit = next((f for f in reaches[seed].files if f.path == module), None)
+            row.append(f"{hit.branch_percent:.1f}% of {hit.branches}" if hit else "-")
+        table.add_row(*row)
+    table.add_row("all", *(f"{reaches[seed].branch_percent:.1f}%" for seed in seeds))
+    console.print(table)
+    table = Table(title="examples/s at W = 8, each row's columns measured in the same run (uptime's load beside)")
+    for col in ("seed", "default sweep", "without DTensor steps", "with --coverage", "agrees"):
+        table.add_column(col, justify="right")
+    for seed, full, bare, covered, agreed in rates:
+        table.add_row(str(seed), f"{full:.1f}", f"{bare:.1f}", f"{covered:.1f}", str(agreed))
+    console.print(table)
+    console.print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
+    render_produced(produced, console)
+    _seeded_bugs(examples)
+
+
+def _seeded_bugs(examples: int) -> None:
+    from meshsim import Cluster, Topology
+    from meshsim.fuzz import fuzz
+
+    table = Table(title=f"seeded bugs (tests/faults.py) against a default sweep of {examples} plans at W = 8, seed 1")
+    for col in ("bug", "caught", "after", "plans", "shrunk to"):
+        table.add_column(col, overflow="fold")
+    for fault in ("outer_shard_to_shard_flipped", "partials_reduced_on_one_dim", "outer_reduce_scatter_rolled",
+                  "uneven_gather_drops_last", "concatenate_reverses_dims", "unflatten_swaps_sizes",
+                  "slices_lose_a_rank", "wrong_local_rank"):
+        with Cluster(Topology(2, 4), deadline=10, setup=f"faults:{fault}") as cluster:
+            report = fuzz(cluster, examples, seed=1, deadline=10)
+        plan = " ; ".join(report.failure.plan.describe()) if report.failure else "-"
+        table.add_row(fault, str(not report.passed), f"{report.time_to_failure or 0:.1f} s", str(report.examples),
+                      plan)
+    console.print(table)
+
+
 def find_section() -> None:
     from meshsim import Cluster, Topology
     from meshsim.fuzz import fuzz
@@ -333,7 +406,7 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
 
 
 SECTIONS = {"start": start_section, "launch": lambda: launch_section(console), "plans": plans_section,
-            "fuzz": fuzz_section, "dtensor": dtensor_section, "find": find_section,
+            "fuzz": fuzz_section, "dtensor": dtensor_section, "sweep": sweep_section, "find": find_section,
             "memory": memory_section, "tiers": lambda: tiers_section(console),
             "tiers-big": lambda: tiers_section(console, big=True), "soak": soak_section}
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
+from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, SHRINK_S, START_S
 from .errors import InputError, MeshsimError
 from .report import make_console
 from .spec.platform import BACKENDS
@@ -133,9 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--save", metavar="DIR", default="meshsim-failures",
                     help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
     fz.add_argument("--json", action="store_true", help="print the report as JSON")
+    fz.add_argument("--shrink-budget", type=_deadline, default=SHRINK_S,
+                    help=f"seconds shrinking a disagreement may take; the smallest failing plan so far then stands "
+                         f"(default {SHRINK_S:g})")
     fz.add_argument("--coverage", action="store_true",
-                    help="measure line and branch coverage of torch's device_mesh.py and _mesh_layout.py in the "
-                         "ranks (process tier), and print what was never reached")
+                    help="measure line and branch coverage of torch's DeviceMesh and DTensor files in the ranks "
+                         "(process tier), and print per file what was never reached")
     _cluster_options(fz, deadline=PLAN_S)
     _tier_options(fz)
 
@@ -269,7 +272,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     )
 
     from .fuzz import fuzz
-    from .report import render_draws, render_reach, render_result
+    from .report import render_draws, render_produced, render_reach, render_result
     from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
@@ -285,15 +288,24 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
         started = time.monotonic()
 
+        said = [0.0]  # when a console that is not a terminal last got a line about shrinking
+
         def on_example(report: Any, result: Any) -> None:
-            if report.shrink_runs:
-                note = f"[red]disagreement found, shrinking ({report.shrink_runs} runs)"
-            else:
+            shrink = report.shrinking
+            if shrink.started is None:
                 note = f"{report.examples / max(time.monotonic() - started, 1e-9):.1f} plans/s"
+            else:
+                left = max(0.0, shrink.budget - shrink.elapsed)
+                note = (f"[red]disagreement after {report.examples} plans ({result.outcome}); shrinking: "
+                        f"{report.shrink_runs} runs, smallest {shrink.smallest} steps, {left:.0f} s left[/]")
+                if not err.is_terminal and time.monotonic() - said[0] >= 10:  # a log, not a live bar
+                    said[0] = time.monotonic()
+                    err.print(f"fuzz: {note}", highlight=False)
             progress.update(task, completed=report.examples, note=note)
 
         report = fuzz(cluster, args.examples, seed=args.seed, deadline=args.deadline, max_steps=args.max_steps,
-                      divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example)
+                      divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example,
+                      shrink_budget=args.shrink_budget)
     if measured is not None:  # the ranks have stopped and saved what they reached
         from .torch_coverage import combine
 
@@ -311,6 +323,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if report.findings:
         out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
     render_draws(report, out, full=args.coverage)
+    render_produced(report.produced, out, complete=report.passed)
     if report.reach is not None:
         render_reach(report.reach, out)
     if report.passed:

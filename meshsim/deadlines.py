@@ -18,6 +18,7 @@ EXAMPLE_S = 180.0  # one of the DeviceMesh recipe's examples (FSDP training on 8
 LAUNCH_S = 300.0  # a script under `meshsim launch`: a training script may take minutes
 START_S = 120.0  # workers starting and joining the world
 EXPECTED_HANG_S = 3.0  # a plan the model says must hang only needs long enough to show it
+SHRINK_S = 120.0  # shrinking a fuzz failure: after this, the smallest failing plan so far stands
 DEATH_GRACE_S = 1.0  # after a rank dies, how long the others get to finish before the run is called
 TORCH_MARGIN_S = 15.0  # torch's own waits end this long after meshsim's deadline
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .judge.blame import blame
 from .model import layout as L
-from .model.dtensor import DTensorModel
+from .model.dtensor import DTensorModel, forget_sims
 from .model.expect import Err, ModelRaise, Quirk
 from .model.mesh import Call, Group, MeshModel, RankModel, summary
 from .ops import operation_of
@@ -61,6 +61,7 @@ class Prediction:
     model_error: str | None = None  # the model failed on this plan: it predicts nothing
     model_error_step: int | None = None  # ... at this step
     late: list[int] = field(default_factory=list)  # ranks still sleeping at the deadline (stragglers)
+    collided: list[int] = field(default_factory=list)  # ranks that made groups under one name (group-name-collision)
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
@@ -78,6 +79,7 @@ class Prediction:
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
     """`platform`: the ranks' default device type, and whether they can set a CUDA device."""
     L.forget_shared()
+    forget_sims()
     with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
         return _predict(plan, world, deadline, platform)
 
@@ -117,6 +119,7 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
         prediction.undefined_from = min(call.step for call, _ in mismatched)
         prediction.undefined_finding = "gloo-size-mismatch-silent"
         prediction.outcome = Quirk(ERROR, UNDEFINED, "gloo-size-mismatch-silent")
+        prediction.culprits = sorted({r for _, odd in mismatched for r in odd})
         return prediction
     derailed = [f for f in _STATEFUL_FINDINGS if f in findings]
     if derailed:
@@ -138,6 +141,9 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
         # lucky is a race.
         prediction.findings.add("group-name-collision")
         prediction.undefined_from, prediction.undefined_finding = collision, "group-name-collision"
+        prediction.collided = collision_ranks(preds, collision)
+        if outcome != PASS:
+            prediction.culprits = prediction.collided
         prediction.outcome = Quirk(outcome, UNDEFINED, "group-name-collision")
     return prediction
 
@@ -182,6 +188,18 @@ def predict_rank(plan: Plan, world: int, rank: int, platform: Platform = CPU) ->
     return _run_rank(plan, rank, world, platform).prediction.observations
 
 
+def collision_ranks(preds: list[RankPrediction], step: int) -> list[int]:
+    """The ranks that made, at `step`, a group under a name other ranks gave a different group: where the crossed
+    groups leave the run is a race, so a hang is theirs, whichever ranks happen to wait."""
+    made: dict[Any, dict[tuple, set[int]]] = {}
+    for pred in preds:
+        for call in pred.calls:
+            if call.kind == "create" and call.step == step:
+                name, ranks = call.key
+                made.setdefault(name, {}).setdefault(ranks, set()).add(pred.rank)
+    return sorted({r for groups in made.values() if len(groups) > 1 for creators in groups.values() for r in creators})
+
+
 def name_collision(preds: list[RankPrediction]) -> int | None:
     """The first step at which ranks create different groups under the same name, if any."""
     seen: dict[Any, tuple[tuple, int]] = {}
@@ -210,6 +228,12 @@ class RankRun:
         self.handles: dict[str, Any] = {}
         self.plan = plan
         self.index = -1
+        self.step: Step | None = None  # the step being observed
+
+    def args_of(self, rank: int, own: dict) -> dict:
+        """The current step's arguments as `rank` gets them (its on_rank overrides): every rank simulates what
+        each member passes to DTensor. `own`: this rank's, the answer when no step is being observed."""
+        return self.step.args_for(rank) if self.step is not None else own
 
     @property
     def findings(self) -> set[str]:
@@ -252,17 +276,18 @@ def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> Ra
 def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
     """What this rank observes at one step: the op's model step, with torch's errors as values."""
     run.index = run.model.step = index
+    run.step = st
     try:
         value = operation_of(st).model(run, args)
+        if st.out is not None:
+            run.handles[st.out] = value
+        return _shape_result(run, value)
     except ModelRaise as exc:
         if st.out:
             run.handles.pop(st.out, None)
         return exc.err
     except Exception as exc:  # the model's own failure, or a case it does not cover: say at which step
         raise ModelFailure(index, exc) from exc
-    if st.out is not None:
-        run.handles[st.out] = value
-    return _shape_result(run, value)
 
 
 def _shape_result(run: RankRun, value: Any) -> Any:
@@ -282,12 +307,18 @@ def _shape_result(run: RankRun, value: Any) -> Any:
 # --------------------------------------------------------------------------------------------- the whole world
 
 
+def size_unchecked(kind: str) -> bool:
+    """Collectives whose members may pass different sizes without gloo telling them: an all_reduce, and DTensor's
+    collectives (their detail is the size each member passes, where it matters)."""
+    return kind == "all_reduce" or kind.startswith("dtensor")
+
+
 def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
     """Run every rank's blocking calls against each other; return who is left waiting, and mismatches.
 
     A call completes when every member of its group is at the same call (same group, same position in
-    that group's sequence, same op). Members of an all_reduce that disagree only on the tensor size
-    complete it anyway (gloo does not check) and are reported as mismatched. Event-driven: each rank
+    that group's sequence, same op). Members of an all_reduce (or a DTensor collective) that disagree only on
+    the tensor size complete it anyway (gloo does not check) and are reported as mismatched. Event-driven: each rank
     arrives at its next call once, so the whole world costs one pass over all calls.
     """
     pos = [0] * len(preds)
@@ -307,10 +338,10 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
         at = [preds[m].calls[pos[m]] for m in arrived]
         if any(c.kind != call.kind for c in at):
             continue
-        if call.kind != "all_reduce" and any(c.detail != call.detail for c in at):
+        if not size_unchecked(call.kind) and any(c.detail != call.detail for c in at):
             continue
         del waiting[call.key]
-        if call.kind == "all_reduce":
+        if size_unchecked(call.kind):
             usual = Counter(c.detail for c in at).most_common(1)[0][0]  # the majority's size is the norm
             odd = tuple(sorted(m for m, c in zip(arrived, at) if c.detail != usual))
             if odd:

@@ -471,9 +471,42 @@ def render_draws(report: Any, console: Console, full: bool = False) -> None:
     console.print(table)
 
 
+def render_produced(produced: Any, console: Console, complete: bool = True) -> None:
+    """What the sweep produced and then checked: derived meshes by kind, the redistribute transform matrix (source
+    placement by position and target), and the conditions the transforms ran under; what never was, in red."""
+    from .produced import CONDITIONS, MESH_KINDS, POSITIONS, SOURCES, TARGETS
+
+    def count(n: int) -> str:
+        return f"[bold red]{n}[/]" if not n else str(n)
+
+    kinds = list(dict.fromkeys(MESH_KINDS.values()))
+    console.print("derived meshes produced and checked: "
+                  + ", ".join(f"{k} {count(produced.meshes[k])}" for k in kinds), highlight=False)
+    table = Table(title="redistribute transforms produced and checked (moves on mesh dims of size > 1)",
+                  title_justify="left")
+    table.add_column("from")
+    for position in POSITIONS:
+        for target in TARGETS:
+            table.add_column(f"{position} -> {target}", justify="right")
+    for source in SOURCES:
+        row = [source]
+        for position in POSITIONS:
+            for target in TARGETS:
+                row.append("-" if (source, target) == ("R", "R") else count(produced.cells[(position, source,
+                                                                                             target)]))
+        table.add_row(*row)
+    console.print(table)
+    console.print("transforms ran under: " + ", ".join(f"{c} {count(produced.conditions[c])}" for c in CONDITIONS),
+                  highlight=False)
+    missing = produced.missing()
+    if complete and any(missing.values()):  # a sweep stopped by a disagreement has not had its chance
+        never = [*missing["meshes"], *(" ".join(c) for c in missing["cells"]), *missing["conditions"]]
+        console.print(f"[bold red]never produced and checked:[/] {', '.join(never)}", highlight=False)
+
+
 def render_reach(reach: Any, console: Console) -> None:
     """Coverage of torch's DeviceMesh code, and where it was never reached."""
-    table = Table(title="torch DeviceMesh code reached (excluding the reviewed CPU-unreachable code)",
+    table = Table(title="torch's DeviceMesh and DTensor code reached (excluding the reviewed CPU-unreachable code)",
                   title_justify="left")
     for column in ("file", "lines", "branches", "lines never run", "branches never taken (from->to)"):
         table.add_column(column)
@@ -481,7 +514,7 @@ def render_reach(reach: Any, console: Console) -> None:
         table.add_row(f.path, f"{f.line_percent:.1f}%", f"{f.branch_percent:.1f}%",
                       _ranges(f.missing_lines), ", ".join(f"{a}->{b}" for a, b in f.missing_branches))
     console.print(table)
-    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of both files "
+    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of these files "
                   f"({len(reach.reasons)} reviewed exclusions, see meshsim/data/coverage-exclusions.toml)",
                   highlight=False)
 

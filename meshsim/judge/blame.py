@@ -36,6 +36,7 @@ KINDS = {
     "skipped": "skipped collective",
     "mismatched": "mismatched collective",
     "size": "tensor sizes differ across ranks",
+    "collision": "groups crossed under one name",
     "unknown": "ranks waiting, cause unclear",
 }
 
@@ -94,10 +95,17 @@ def missing_from(call: CallBegun, states: list[RankState]) -> list[int]:
     return [m for m in call.ranks if m < len(states) and not same_call(call, blocked_call(states[m]))]
 
 
-def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Iterable[int] = ()) -> Blame:
+def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Iterable[int] = (),
+          collided: Iterable[int] = ()) -> Blame:
     """The one rule (see the module's docstring). `divergent`: ranks a plan makes diverge (a tie-breaker only);
-    `size_evidence`: ranks the model saw pass other tensor sizes to one collective."""
+    `size_evidence`: ranks the model saw pass other tensor sizes to one collective; `collided`: ranks the model saw
+    make different groups under one name (gloo crosses them: which ranks end up waiting, or abort, is a race, so
+    the culprits are these, the same on every run)."""
     states = record.states
+    crossed = sorted(set(collided))
+    if crossed:
+        held_now = {s.rank: c for s in states if (c := blocked_call(s)) is not None}
+        return _plainly(KINDS["collision"], crossed, states, victims=_waiting_for(held_now, crossed))
     died = [s.rank for s in states if s.end == DIED]
     if died:
         return _plainly(KINDS["dead"], died, states)

@@ -71,11 +71,15 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
 
         divergent = divergent_ranks(plan, record.world)
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []
-    found = blame(record, divergent, sizes)
+    collided = prediction.collided if prediction is not None else []
+    found = blame(record, divergent, sizes, collided)
     note = found.note
     if sizes:
         call = prediction.mismatched[0][0]
         note = f"Ranks {sizes} passed other tensor sizes to {call.describe()} at step {call.step}."
+    elif collided:
+        note = (f"Step {prediction.undefined_from} made different groups under one name on ranks "
+                f"{ranks_text(collided)} (finding group-name-collision): gloo crosses them.")
     diagnosis = Diagnosis(found.kind, found.culprits, "", waits, elsewhere, _group_stacks(record.stacks),
                           found.victims)
     diagnosis.summary = _summary(diagnosis, states) + (f" {note}" if note else "")

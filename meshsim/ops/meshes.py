@@ -164,19 +164,24 @@ class ExplicitMesh:
 
 # ------------------------------------------------------------------------------------------ derived meshes
 
-@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL}, ("src", "names"),
-           F.PRODUCES_MESH, weight=3)
+@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL,
+                                "fake_tensor_mode": F.BOOL}, ("src", "names"), F.PRODUCES_MESH, weight=3)
 class Slice:
-    """src[names] (as_list: src[[names...]], the list form)"""
+    """src[names] (as_list: src[[names...]], the list form; fake_tensor_mode: sliced inside FakeTensorMode, as
+    torch.compile traces it)"""
 
     def model(run: Any, a: dict) -> Any:
         return run.model.slice(run.mesh(a["src"]), a["names"], a.get("as_list", False))
 
     def torch(ex: Any, a: dict) -> Any:
         names = a["names"]
-        if isinstance(names, str):
-            return ex.mesh(a["src"])[names]
-        return ex.mesh(a["src"])[list(names) if a.get("as_list") else tuple(names)]
+        key = names if isinstance(names, str) else list(names) if a.get("as_list") else tuple(names)
+        if not a.get("fake_tensor_mode"):
+            return ex.mesh(a["src"])[key]
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return ex.mesh(a["src"])[key]
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -196,7 +201,8 @@ class Slice:
                 picked = picked + ["nope"]
         value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
         as_list = True if not isinstance(value, str) and rarely(draw, 5) else None
-        return step("slice", src=handle, names=value, as_list=as_list, out=b.fresh("s"))
+        fake = True if rarely(draw, 8) else None
+        return step("slice", src=handle, names=value, as_list=as_list, fake_tensor_mode=fake, out=b.fresh("s"))
 
 
 @operation("flatten", "derive", {"src": F.MESH, "name": F.NAME, "backend": F.TEXT}, ("src",), F.PRODUCES_MESH,

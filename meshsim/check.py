@@ -20,12 +20,14 @@ from .spec.platform import CPU, Platform
 from .wire import RunFunction, RunPlan
 
 
-def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU) -> Prediction:
-    """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell."""
+def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU,
+                   by_class: bool = False) -> Prediction:
+    """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell.
+    `by_class`: rank classes answered once each (the model tier: meshsim.classes)."""
     try:
-        return predict(plan, world, deadline, platform=platform)
+        return predict(plan, world, deadline, platform=platform, by_class=by_class)
     except Exception as exc:  # the model's own bug becomes a verdict, never a traceback
-        return unpredictable(plan, world, exc)
+        return unpredictable(plan, world, exc, by_class)
 
 
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
@@ -39,7 +41,8 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
         if not found:
-            found.append(prediction_for(plan, executor.world, deadline, executor.platform))
+            found.append(prediction_for(plan, executor.world, deadline, executor.platform,
+                                        getattr(executor, "by_class", False)))
         return found[0]
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work

@@ -91,7 +91,7 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     started = time.monotonic()
 
     def torch_agrees_with_model(plan: Any) -> None:
-        prediction = prediction_for(plan, world, deadline, cluster.platform)
+        prediction = prediction_for(plan, world, deadline, cluster.platform, getattr(cluster, "by_class", False))
         wait = deadline
         if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(deadline, expected_hang_deadline)

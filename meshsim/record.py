@@ -149,6 +149,9 @@ class RunRecord:
     moves_data: bool = True  # False on the fake tier: collectives return nothing to check
     notes: list[str] = field(default_factory=list)  # what this tier could not check, in words
     stopped: str = "finished"  # what ended the run (STOPPED)
+    # meshsim.classes.RankClasses where the model tier answered by class: states is then a ClassView (states[r] is
+    # the state of r's class; iterating gives one state per class, its representative's)
+    classes: Any = None
 
     @property
     def died(self) -> list[int]:

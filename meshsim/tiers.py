@@ -73,6 +73,7 @@ class ModelExecutor:
     tier = "model"
     capabilities = TIERS["model"]
     platform = CPU  # no ranks: the model answers for a CPU cluster
+    by_class = True  # ranks that run a plan alike are answered once (meshsim.classes): a million ranks in seconds
 
     def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S):
         self.topology = topology
@@ -103,8 +104,9 @@ class ModelExecutor:
         if prediction is None:
             from .check import prediction_for
 
-            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform)
+            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform, self.by_class)
         record = prediction.as_record(work.deadline, self.tier, work.plan)
         record.elapsed = time.monotonic() - started
         record.notes.append("model tier: these are the model's own predictions; torch did not run")
+        record.notes.extend(prediction.notes)
         return record

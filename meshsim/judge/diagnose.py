@@ -72,6 +72,8 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
         divergent = divergent_ranks(plan, record.world)
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []
     found = blame(record, divergent, sizes)
+    if record.classes is not None:  # the ranks of a culprit's class run as it does: culprits all
+        found.culprits = record.classes.expand(found.culprits)
     note = found.note
     if sizes:
         call = prediction.mismatched[0][0]

@@ -255,6 +255,11 @@ def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: P
     """The one judge: a record (of any executor, any work) against the model where there is a plan; one rule for
     the outcome (meshsim.outcome) and one for culprits (meshsim.judge.blame)."""
     differences, hits = _against_model(plan, prediction, record)
+    if record.classes is not None:  # a class's representative stands for every rank of its class
+        for hit in hits.values():
+            hit.ranks = set(record.classes.expand(hit.ranks))
+        for difference in differences:
+            difference.rows = [(record.classes.expand(ranks), e, o) for ranks, e, o in difference.rows]
     outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences))
     expected = prediction.outcome if prediction is not None else PASS
     verdict = Verdict(work, record.world, outcome, expected, record, differences, hits, plan=plan,

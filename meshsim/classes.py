@@ -19,13 +19,14 @@ mismatch means a question this module does not ask; the prediction then falls ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .model import layout as L
+from .model.dtensor import DTensorModel
 from .model.expect import Err, Quirk
 from .model.mesh import WORLD_KEY, Call
 from .spec.plan import Plan
@@ -73,10 +74,13 @@ class RankClasses:
 
 class ClassView(Sequence[T]):
     """Per-rank access to what each class holds: view[rank] is the item of the rank's class, len() is the world,
-    and iterating gives each class's item once (in class order: the representatives)."""
+    and iterating gives each class's item once (in class order: the representatives). With `exact`, a rank that
+    is not its class's representative gets its own item, made by exact(rank) when asked for (the model's own
+    prediction of that rank, values and all), so asking about one rank of a million costs one rank's run."""
 
-    def __init__(self, classes: RankClasses, items: list[T]):
-        self.classes, self.items = classes, items
+    def __init__(self, classes: RankClasses, items: list[T], exact: Callable[[int], T] | None = None):
+        self.classes, self.items, self.exact = classes, items, exact
+        self._own: dict[int, T] = {}
 
     def __len__(self) -> int:
         return self.classes.world
@@ -84,7 +88,14 @@ class ClassView(Sequence[T]):
     def __getitem__(self, rank: Any) -> Any:
         if isinstance(rank, slice):
             raise TypeError("a ClassView is indexed by rank")
-        return self.items[int(self.classes.label[rank])]
+        cls = int(self.classes.label[rank])
+        if self.exact is None or self.classes.reps[cls] == rank:
+            return self.items[cls]
+        if rank not in self._own:
+            if len(self._own) >= 64:
+                self._own.clear()
+            self._own[rank] = self.exact(rank)
+        return self._own[rank]
 
     def __iter__(self) -> Iterator[T]:
         return iter(self.items)
@@ -144,6 +155,8 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
         if not L.is_plan_map(obj.rank_map):
             return None  # a map made from another (a group, a rank's view): its geometry follows from that one
         return np.minimum(obj.counts(world), 2)
+    if isinstance(obj, DTensorModel):  # values and chunks follow the rank's own cell of the mesh
+        return L.geometry(obj.mesh.layout, obj.mesh.rank_map).first_cells(world)
     if isinstance(obj, L.DimInfo):
         if not L.is_plan_map(obj.geometry.rank_map):
             return None
@@ -183,38 +196,124 @@ def composition_feature(info: L.DimInfo, label: Labels) -> np.ndarray[Any, Any] 
     return feature
 
 
-def find_classes(plan: Plan, world: int, run: Any) -> tuple[RankClasses, dict[int, Any]]:
-    """The classes of the world for this plan, and each representative's run (`run(rank)`: meshsim.predict's
-    RankRun of that rank). Raises Unclassable when the world splits into more than MAX_CLASSES."""
-    label = divergence_label(plan, world)
-    runs: dict[int, Any] = {}
-    applied: set[int] = set()
-    dims: list[L.DimInfo] = []
-    while True:
-        reps = representatives(label)
-        if len(reps) > MAX_CLASSES:
-            raise Unclassable(f"the plan splits {world:,} ranks into more than {MAX_CLASSES} classes")
+class Classifier:
+    """Classes of a world for a plan, refined to a fixed point (see the module's docstring); `run(rank)` is
+    meshsim.predict's RankRun of a rank."""
+
+    def __init__(self, plan: Plan, world: int, run: Any):
+        self.world, self.run = world, run
+        self.label = divergence_label(plan, world)
+        self.runs: dict[int, Any] = {}
+        self.applied: set[int] = set()
+        self.dims: list[L.DimInfo] = []
+
+    def settle(self, compositions: bool) -> RankClasses:
+        """Refine until no question tells members of a class apart; with `compositions`, also until every group of
+        a kind that holds a class holds the same classes (what an exact simulation of blocking calls needs)."""
+        while True:
+            reps = representatives(self.label)
+            if len(reps) > MAX_CLASSES:
+                raise Unclassable(f"the plan splits {self.world:,} ranks into more than {MAX_CLASSES} classes")
+            for rank in reps:
+                if rank not in self.runs:
+                    self.runs[rank] = self.run(rank)
+            fresh = self._apply_structures(reps)
+            if compositions:
+                for info in self.dims:
+                    feature = composition_feature(info, self.label)
+                    if feature is not None:
+                        self.label = refine(self.label, feature)
+            if not fresh and int(self.label.max()) + 1 == len(reps):
+                return RankClasses(self.label, reps)
+
+    def _apply_structures(self, reps: list[int]) -> bool:
+        fresh = False
         for rank in reps:
-            if rank not in runs:
-                runs[rank] = run(rank)
-        before, fresh = len(reps), False
-        for rank in reps:
-            for obj in list(runs[rank].model.touched.values()):
-                if id(obj) in applied:
+            for obj in list(self.runs[rank].model.touched.values()):
+                if id(obj) in self.applied:
                     continue
-                applied.add(id(obj))
+                self.applied.add(id(obj))
                 fresh = True
                 if isinstance(obj, L.DimInfo):
-                    dims.append(obj)
-                feature = structure_feature(obj, world)
+                    self.dims.append(obj)
+                feature = structure_feature(obj, self.world)
                 if feature is not None:
-                    label = refine(label, feature)
-        for info in dims:
-            feature = composition_feature(info, label)
-            if feature is not None:
-                label = refine(label, feature)
-        if not fresh and int(label.max()) + 1 == before:
-            return RankClasses(label, reps), {r: runs[r] for r in reps}
+                    self.label = refine(self.label, feature)
+        return fresh
+
+    def runs_of(self, classes: RankClasses) -> dict[int, Any]:
+        return {rank: self.runs[rank] for rank in classes.reps}
+
+
+def lockstep(classes: RankClasses, runs: dict[int, Any]) -> bool:
+    """Whether no blocking call can wait forever, whichever groups the members of a class are in: every class
+    whose ranks are in the groups of a kind makes the same calls there (same ops, same sizes, the same positions),
+    and the classes' orders of calls agree with one order of them all (no two classes make two calls in opposite
+    orders). Then the world runs as one SPMD program: the classes need no splitting by what their groups hold."""
+    label, everyone = classes.label, set(range(len(classes)))
+    sequences: dict[Any, dict[int, list[tuple[Any, ...]]]] = {}  # kind -> class -> its calls there
+    holding: dict[Any, set[int]] = {}  # kind -> the classes with ranks in its groups
+    after: dict[Any, set[Any]] = {}
+    for cls, rep in enumerate(classes.reps):
+        model, previous = runs[rep].model, None
+        for call in runs[rep].prediction.calls:
+            kind = _kind_of(model, call)
+            if kind is None:
+                return False  # a group of a map only some ranks see: no one kind to compare by
+            if kind not in holding:
+                holding[kind] = _holding(model, kind, label, everyone)
+            entry = abstract_call(model, call)
+            sequences.setdefault(kind, {}).setdefault(cls, []).append(entry)
+            if previous is not None:
+                after.setdefault(previous, set()).add(entry)
+            previous = entry
+    for kind, made in sequences.items():
+        if set(made) != holding[kind] or len({tuple(calls) for calls in made.values()}) > 1:
+            return False  # some ranks of its groups make other calls there, or none
+    return _acyclic(after)
+
+
+def _kind_of(model: Any, call: Call) -> Any:
+    """The kind of a call's group: the world, a dim of a mesh the plan names, or a new_group of the plan's own
+    (None: a group of a map only some ranks see)."""
+    group = call.key if call.kind == "create" else call.key[:-1]
+    if group == WORLD_KEY:
+        return WORLD_KEY
+    kind = model.kinds.get(group)
+    if kind is not None:
+        return kind
+    if len(group) == 2 and isinstance(group[1], tuple) and id(group[1]) not in model.dim_groups:
+        return group
+    return None
+
+
+def _holding(model: Any, kind: Any, label: Labels, everyone: set[int]) -> set[int]:
+    """The classes whose ranks are in the groups of a kind."""
+    if kind == WORLD_KEY:
+        return everyone
+    ranks = model.kind_dims[kind].geometry.table if kind in model.kind_dims else \
+        np.asarray(kind[1], dtype=np.int64)
+    inside = ranks[(ranks >= 0) & (ranks < label.size)]
+    return {int(c) for c in np.unique(label[inside])}
+
+
+def _acyclic(after: dict[Any, set[Any]]) -> bool:
+    """Whether the 'made after' relation between calls has no cycle (Kahn's algorithm)."""
+    nodes = set(after) | {n for targets in after.values() for n in targets}
+    incoming = {n: 0 for n in nodes}
+    for targets in after.values():
+        for n in targets:
+            incoming[n] += 1
+    ready = [n for n, count in incoming.items() if count == 0]
+    seen = 0
+    while ready:
+        node = ready.pop()
+        seen += 1
+        for n in after.get(node, ()):
+            incoming[n] -= 1
+            if incoming[n] == 0:
+                ready.append(n)
+    return seen == len(nodes)
 
 
 # --------------------------------------------------------------------------------------------- the check
@@ -296,13 +395,10 @@ class ClassCall(Call):
     concrete: Call | None = None  # the representative's own call
 
 
-def simulate_classes(classes: RankClasses, runs: dict[int, Any]) -> tuple[list[Any], list[tuple[Call, tuple[int, ...]]]]:
-    """meshsim.predict.simulate played by classes: a class arrives at a call when its members do. Exact, because
-    every group of a kind that holds a class holds the same classes (find_classes splits them until it does).
-    Returns the stuck representatives (in their own calls, missing the ranks of their group not in that call)
-    and mismatched calls with the ranks that passed other sizes."""
-    from .predict import RankPrediction, Stuck, simulate
-
+def class_calls(classes: RankClasses, runs: dict[int, Any]) -> list[list[Call]]:
+    """Every class's blocking calls, for meshsim.predict.simulate played by classes: a class arrives at a call when
+    its members do, and a call's members are the classes its group holds. Exact, because every group of a kind
+    that holds a class holds the same classes (Classifier.settle(compositions=True) splits them until it does)."""
     label, world = classes.label, classes.world
     everyone = tuple(range(len(classes)))
     cache: dict[Any, tuple[tuple[int, ...], dict[int, int]]] = {}
@@ -319,28 +415,25 @@ def simulate_classes(classes: RankClasses, runs: dict[int, Any]) -> tuple[list[A
                           {c: int(counts[c]) for c in present})
         return cache[key]
 
-    preds = []
+    out = []
     for cls, rep in enumerate(classes.reps):
-        model, calls = runs[rep].model, []
+        model, calls = runs[rep].model, list[Call]()
         for call in runs[rep].prediction.calls:
             group = call.key if call.kind == "create" else call.key[:-1]
             kind = model.kinds.get(group, group)
             members, counts = composition(call.members)
             key = ("create", kind, members) if call.kind == "create" else (kind, members, call.key[-1])
             calls.append(ClassCall(call.kind, key, members, call.step, call.detail, call.context, counts[cls], call))
-        preds.append(RankPrediction(cls, calls=calls))
-    stuck, mismatched = simulate(preds)
-    out = []
-    for held in stuck:
-        rep = classes.reps[held.rank]
-        concrete = held.call.concrete if isinstance(held.call, ClassCall) else None
-        assert concrete is not None
-        members = np.asarray(concrete.members, dtype=np.int64)
-        gone = members[np.isin(label[members], list(held.missing))]
-        out.append(Stuck(rep, concrete, tuple(int(m) for m in gone)))
-    lifted = []
-    for call, odd in mismatched:
-        concrete = call.concrete if isinstance(call, ClassCall) else call
-        assert concrete is not None
-        lifted.append((concrete, tuple(m for m in concrete.members if classes.of(m) in odd)))
-    return out, lifted
+        out.append(calls)
+    return out
+
+
+def concrete(call: Call) -> Call:
+    """A class's call as its representative made it."""
+    return call.concrete if isinstance(call, ClassCall) and call.concrete is not None else call
+
+
+def ranks_missing(classes: RankClasses, call: Call, missing: tuple[int, ...]) -> tuple[int, ...]:
+    """The ranks of a call's group (the representative's own) whose classes are missing from it."""
+    group = np.asarray(call.members, dtype=np.int64)
+    return tuple(int(m) for m in group[np.isin(classes.label[group], list(missing))])

@@ -111,20 +111,45 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
 
 
 def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
-    from .classes import ClassView, check_classes, find_classes, simulate_classes
+    from .classes import Classifier, ClassView, check_classes, lockstep
 
     def run(rank: int) -> RankRun:
         return _run_rank(plan, rank, world, platform)
 
-    classes, runs = find_classes(plan, world, run)
+    classifier = Classifier(plan, world, run)
+    classes = classifier.settle(compositions=False)
+    runs = classifier.runs_of(classes)
     check_classes(classes, runs, run)
+    stuck: list[Stuck] = []
+    mismatched: list[tuple[Call, tuple[int, ...]]] = []
+    if not lockstep(classes, runs):  # (in lockstep, one SPMD program: every call completes, whatever its group)
+        # split classes until each group of a kind holds the same classes, and play the calls by class
+        classes = classifier.settle(compositions=True)
+        runs = classifier.runs_of(classes)
+        check_classes(classes, runs, run)
+        stuck, mismatched = _simulate_by_class(classes, runs)
     findings: set[str] = set().union(*(r.findings for r in runs.values()))
-    stuck, mismatched = simulate_classes(classes, runs)
-    preds = ClassView(classes, [runs[rank].prediction for rank in classes.reps])
+    preds = ClassView(classes, [runs[rank].prediction for rank in classes.reps],
+                      exact=lambda rank: run(rank).prediction)
     prediction = _conclude(plan, world, deadline, preds, findings, stuck, mismatched, classes)
     prediction.notes.append(f"model: {world:,} ranks predicted as {len(classes)} class"
                             f"{'es' if len(classes) > 1 else ''} of ranks that run the plan alike")
     return prediction
+
+
+def _simulate_by_class(classes: Any, runs: dict[int, RankRun]
+                       ) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
+    """simulate() played by classes (meshsim.classes.class_calls), answered in ranks: the stuck representatives in
+    their own calls, missing the ranks of their group whose classes are not there; mismatched calls with the
+    ranks of the classes that passed other sizes."""
+    from .classes import class_calls, concrete, ranks_missing
+
+    held, odd = simulate([RankPrediction(cls, calls=calls) for cls, calls in enumerate(class_calls(classes, runs))])
+    stuck = [Stuck(classes.reps[s.rank], concrete(s.call), ranks_missing(classes, concrete(s.call), s.missing))
+             for s in held]
+    mismatched = [(concrete(call), tuple(m for m in concrete(call).members if classes.of(m) in ranks))
+                  for call, ranks in odd]
+    return stuck, mismatched
 
 
 def _conclude(plan: Plan, world: int, deadline: float | None, preds: Any, findings: set[str], stuck: list[Stuck],
@@ -279,6 +304,8 @@ class RankRun:
             if not isinstance(value, list) or int(item) >= len(value):
                 raise ModelRaise(Err("HandleError", f"handle {ref!r} does not exist on this rank"))
             value = value[int(item)]
+            if isinstance(value, MeshModel):
+                L.named_by_plan(value.rank_map)  # one submesh, by its index: where a rank sits in it matters
         return value
 
     def mesh(self, ref: str) -> MeshModel:
@@ -313,6 +340,8 @@ def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
         raise ModelFailure(index, exc) from exc
     if st.out is not None:
         run.handles[st.out] = value
+    if isinstance(value, DTensorModel):
+        run.model.touched[id(value)] = value  # its blocks depend on where the rank sits in the mesh
     return _shape_result(run, value)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ranks import group_text
 from .wire import (
     DIED,
     FINISHED,
@@ -113,7 +114,7 @@ class RankState:
             return f"died (exit code {self.exitcode}) in step {self.step} ({self.op})"
         if self.end == RAISED:
             if self.failed_in is not None:
-                return f"raised in {self.failed_in.kind} on group {list(self.failed_in.ranks)}: {self.failure}"
+                return f"raised in {self.failed_in.kind} on group {group_text(self.failed_in.ranks)}: {self.failure}"
             if self.op == "function":
                 return "raised in the user function"
             if self.op == "script":
@@ -126,7 +127,7 @@ class RankState:
         at = {"function": "in the user function", "script": "in the script"}.get(self.op or "", f"step {self.step}")
         if self.call is not None:
             site = f" at {self.call.site}" if self.call.site else ""
-            return f"in {self.call.kind} on group {list(self.call.ranks)} ({at}{site})"
+            return f"in {self.call.kind} on group {group_text(self.call.ranks)} ({at}{site})"
         if self.step is None:
             return "has not started"
         if self.step == -1:

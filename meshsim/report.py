@@ -18,7 +18,7 @@ from rich.text import Text
 from . import findings as F
 from .model import to_json
 from .outcome import CRASH, ERROR, HANG, MISMATCH, PASS
-from .ranks import ranks_text
+from .ranks import group_text, ranks_text
 
 MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
@@ -279,27 +279,29 @@ PICTURE_STYLE = {"culprit": "bold white on red", "waiting": "black on yellow", "
 MAX_DRAWN = 16  # hosts, and ranks a host, drawn before the picture says "..."
 
 
-def rank_states(verdict: Any) -> dict[int, str]:
-    """What the picture shows of each rank: culprit, waiting, finished, dead, raised, or running (outside any
-    call at the end)."""
+def rank_states(verdict: Any, ranks: Any = None) -> dict[int, str]:
+    """What the picture shows of each rank (of `ranks`, default every one): culprit, waiting, finished, dead,
+    raised, or running (outside any call at the end)."""
     from .judge.blame import blocked_call
     from .wire import DIED, FINISHED, RAISED
 
     culprits = set(verdict.culprits)
+    states = verdict.record.states
     out = {}
-    for s in verdict.record.states:
-        if s.rank in culprits:
-            out[s.rank] = "culprit"
+    for rank in range(len(states)) if ranks is None else ranks:
+        s = states[rank]  # (where the model answered by class, the state of the rank's class)
+        if rank in culprits:
+            out[rank] = "culprit"
         elif s.end == DIED:
-            out[s.rank] = "dead"
+            out[rank] = "dead"
         elif blocked_call(s) is not None:
-            out[s.rank] = "waiting"
+            out[rank] = "waiting"
         elif s.end == RAISED:
-            out[s.rank] = "raised"
+            out[rank] = "raised"
         elif s.end == FINISHED:
-            out[s.rank] = "finished"
+            out[rank] = "finished"
         else:
-            out[s.rank] = "running"
+            out[rank] = "running"
     return out
 
 
@@ -309,7 +311,9 @@ def render_picture(verdict: Any, console: Console) -> None:
     from .judge.diagnose import headline_wait
 
     topology, diagnosis = verdict.topology, verdict.diagnosis
-    states = rank_states(verdict)
+    d = topology.devices_per_host
+    drawn = [h * d + i for h in range(min(topology.hosts, MAX_DRAWN)) for i in range(min(d, MAX_DRAWN))]
+    states = rank_states(verdict, drawn)
     wait = headline_wait(diagnosis.waits, diagnosis.culprits)
     outlined = set(wait.group_ranks) if wait is not None else set()
     width = len(str(topology.world - 1))
@@ -392,7 +396,7 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
         for col in ("rank", "step", "op", "call", "group", "mesh", "dim", "group coord", "missing"):
             table.add_column(col, overflow="fold")
         for w in diagnosis.waits:
-            table.add_row(str(w.rank), str(w.step), str(w.op), w.call, str(w.group_ranks), str(w.mesh or ""),
+            table.add_row(str(w.rank), str(w.step), str(w.op), w.call, group_text(w.group_ranks), str(w.mesh or ""),
                           "" if w.mesh_dim is None else str(w.mesh_dim),
                           "" if w.group_coordinate is None else str(w.group_coordinate), ranks_text(w.missing))
         console.print(table)

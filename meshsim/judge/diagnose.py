@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import torch_side
-from ..ranks import ranks_text
+from ..ranks import group_text, ranks_text
 from ..record import RankState, RunRecord
 from ..wire import DIED, RAISED
 from .blame import KINDS, blame, blocked_call, missing_from
@@ -184,7 +184,7 @@ def _summary(d: Diagnosis, states: list[RankState]) -> str:
         at += f" at {w.site}"
     verb = "raised" if w.raised else "waits"
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} {verb} in {w.call} #{w.seq} on group "
-            f"{w.group_ranks}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
+            f"{group_text(w.group_ranks)}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
 
 
 def culprit_ranks_text(d: Diagnosis) -> str:

@@ -223,6 +223,7 @@ _SHARED_LIMIT = 512
 def forget_shared() -> None:
     """Drop what the last prediction shared (a new plan's rank maps are new objects)."""
     _SHARED.clear()
+    _PLAN_MAPS.clear()
 
 
 def _shared(kind: str, layout: Any, rank_map: tuple[int, ...], build: Callable[[], T]) -> T:
@@ -357,23 +358,28 @@ def identity_map(n: int) -> tuple[int, ...]:
 
 
 _INTERNED: dict[tuple[int, ...], tuple[int, ...]] = {}
-_INTERNED_IDS: set[int] = set()
+_PLAN_MAPS: dict[int, tuple[int, ...]] = {}  # id -> rank map (kept alive here, so the id stays its own)
 
 
 def interned(ranks: tuple[int, ...]) -> tuple[int, ...]:
     """One object for every equal rank map (see _shared, which keys by identity): a rank map a plan names."""
     if len(_INTERNED) > 1024:
         _INTERNED.clear()
-        _INTERNED_IDS.clear()
     kept = _INTERNED.setdefault(ranks, ranks)
-    _INTERNED_IDS.add(id(kept))
+    named_by_plan(kept)
     return kept
 
 
+def named_by_plan(rank_map: tuple[int, ...]) -> None:
+    """The plan names this rank map (an explicit layout, one submesh of a list picked by its index)."""
+    _PLAN_MAPS[id(rank_map)] = rank_map
+
+
 def is_plan_map(rank_map: tuple[int, ...]) -> bool:
-    """Whether a rank map is one the plan names (init_device_mesh's ranks, an explicit layout), the same object
-    on every rank, rather than one a rank made from what it sees (a group's ranks, its view of a mesh)."""
-    return rank_map is identity_map(len(rank_map)) or id(rank_map) in _INTERNED_IDS  # (kept alive in _INTERNED)
+    """Whether a rank map is one the plan names (init_device_mesh's ranks, an explicit layout, a submesh picked
+    by its index), the same object on every rank, rather than one a rank made from what it sees (a group's
+    ranks, its view of a mesh): what a rank's place in it is tells ranks apart."""
+    return rank_map is identity_map(len(rank_map)) or _PLAN_MAPS.get(id(rank_map)) is rank_map
 
 
 class DimInfo:

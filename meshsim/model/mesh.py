@@ -108,9 +108,12 @@ class RankModel:
         self.findings: set[str] = set()
         self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world), "default_pg")
         # What this rank's answers depended on, for meshsim.classes: every geometry and dim it asked about, and
-        # for each group it created along a mesh dim, (the counter where the dim's groups start, id of the dim)
+        # for each group it created along a dim of a mesh the plan names, the dim's kind (the counter where the
+        # dim's groups start, the dim, id of the rank map)
         self.touched: dict[int, Any] = {}
-        self.kinds: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self.kinds: dict[tuple[Any, ...], tuple[int, L.Dim, int]] = {}
+        self.kind_dims: dict[tuple[int, L.Dim, int], L.DimInfo] = {}
+        self.dim_groups: set[int] = set()  # ids of the member tuples of groups made along mesh dims
 
     def geometry(self, layout: L.Layout, rank_map: tuple[int, ...]) -> L.Geometry:
         geo = L.geometry(layout, rank_map)
@@ -180,8 +183,10 @@ class RankModel:
                 break
             self.group_counter = start + index
             group = self._create(info.ranks(index), info.order(index), desc)
+            self.dim_groups.add(id(group.ranks))
             if L.is_plan_map(rank_map):  # the same groups on every rank: one kind (else each group is its own)
-                self.kinds[group.key] = (start, id(info))
+                kind = self.kinds[group.key] = (start, dim, id(rank_map))
+                self.kind_dims[kind] = info
             if mine is not None:
                 raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
             mine = group

@@ -26,7 +26,7 @@ import textwrap
 import time
 from datetime import timedelta
 
-from raw import check_collectives, destroy_new_groups
+from raw import check_step, destroy_new_groups
 from rich.console import Console
 from rich.table import Table
 from tiers import tiers_section

@@ -6,7 +6,7 @@ import resource
 import threading
 import time
 
-from raw import check_collectives, destroy_new_groups
+from raw import check_step, destroy_new_groups
 from rich.table import Table
 
 THREAD_SHAPE, THREAD_NAMES = (4, 4, 4), ("a", "b", "c")

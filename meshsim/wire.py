@@ -105,6 +105,14 @@ class Stop(NamedTuple):
     pass
 
 
+class Report(NamedTuple):
+    """Send now what every rank did so far (a host that keeps its ranks' progress until they finish)."""
+
+
+class Reported(NamedTuple):
+    """Everything a Report asked for has been sent."""
+
+
 # ------------------------------------------------------------------------------------------ rank -> controller
 
 class Ready(NamedTuple):
@@ -139,7 +147,8 @@ class CallReturned(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Several progress messages in one: a plan's "call returned" rides with the message that follows it."""
+    """Several messages of a rank in one: a plan's "call returned" rides with the message that follows it, and a
+    thread rank's progress rides with its result (meshsim.run.threads)."""
 
     events: tuple[Any, ...]
 
@@ -176,8 +185,8 @@ class ScriptDone(NamedTuple):
 
 
 PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt, Batch)
-MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone,
-            ScriptDone)
+MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Report, Reported, Ready, JoinFailed, *PROGRESS, PlanDone,
+            FunctionDone, ScriptDone)
 
 
 class WireError(RuntimeError):

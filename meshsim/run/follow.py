@@ -20,6 +20,7 @@ from ..wire import (
     DIED,
     FINISHED,
     RAISED,
+    Batch,
     FromRank,
     FunctionDone,
     PlanDone,
@@ -27,6 +28,8 @@ from ..wire import (
     ScriptDone,
 )
 from .generation import Worker
+
+RESULTS = (RankDied, PlanDone, FunctionDone, ScriptDone)  # how a rank's part of a run ends
 
 
 @dataclass
@@ -40,6 +43,11 @@ class Hosted:
 
 def absorb(state: RankState, message: Any) -> bool:
     """Take one message of a rank into its state; True once it is how the rank ended."""
+    if isinstance(message, Batch) and any(isinstance(m, RESULTS) for m in message.events):
+        ended = False
+        for inner in message.events:  # a rank's progress, then its result
+            ended = absorb(state, inner) or ended
+        return ended
     if isinstance(message, RankDied):  # a rank that is a thread or a loop iteration "died" (exit/kill fault)
         state.end, state.exitcode = DIED, message.exitcode
         return True

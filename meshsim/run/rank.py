@@ -292,7 +292,11 @@ class RankSession:
         return cls(rank, world, device_type, client, send)
 
     def bound_waits(self, deadline_s: float) -> None:
-        """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min)."""
+        """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min). Runs of the
+        same deadline find them bound already."""
+        if getattr(self, "_bound_to", None) == deadline_s:
+            return
+        self._bound_to = deadline_s
         timeout = timedelta(seconds=torch_wait(deadline_s))
         self.c10d.default_pg_timeout = timeout
         self.c10d.default_pg_nccl_timeout = timeout

@@ -26,7 +26,7 @@ import textwrap
 import time
 from datetime import timedelta
 
-from raw import check_step, destroy_new_groups
+from raw import destroy_new_groups
 from rich.console import Console
 from rich.table import Table
 from tiers import tiers_section
@@ -115,8 +115,7 @@ def _raw_rank(rank: int, world: int, port: int, count: int, out: dict) -> None:
     for i in range(count):
         shape, names = SHAPES[i % 2]
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        for d in range(mesh.ndim):
-            check_collectives(mesh.get_group(d), rank, world)
+        check_step(mesh, rank, world)
         dist.barrier()
         destroy_new_groups(mesh, baseline)
     dist.barrier()

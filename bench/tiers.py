@@ -6,7 +6,7 @@ import resource
 import threading
 import time
 
-from raw import check_step, destroy_new_groups
+from raw import destroy_new_groups
 from rich.table import Table
 
 THREAD_SHAPE, THREAD_NAMES = (4, 4, 4), ("a", "b", "c")
@@ -37,13 +37,7 @@ def raw_threaded_loop(world: int, count: int) -> float:
         started = time.monotonic()
         for _ in range(count):
             mesh = init_device_mesh("cpu", THREAD_SHAPE, mesh_dim_names=THREAD_NAMES)
-            mesh.get_coordinate()
-            mesh.mesh.tolist()
-            for d in range(mesh.ndim):
-                group = mesh.get_group(d)
-                dist.get_process_group_ranks(group)
-                mesh.get_local_rank(d)
-                check_collectives(group, rank, world)
+            check_step(mesh, rank, world)
             barrier.wait()
             destroy_new_groups(mesh, baseline)
         if rank == 0:

@@ -36,7 +36,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world)
-    deadline = deadlines.checked(deadlines.PLAN_S if deadline is None else deadline)
+    deadline = deadlines.checked(_default_deadline(executor) if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
@@ -48,6 +48,12 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
         record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
         return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
+
+
+def _default_deadline(executor: Any) -> float:
+    """The executor's own deadline (its tier's default for its world, unless it was given one)."""
+    found = getattr(executor, "deadline", None)
+    return float(found) if found is not None else deadlines.plan(executor.tier, executor.world)
 
 
 def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,

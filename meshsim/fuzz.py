@@ -74,10 +74,10 @@ class Interrupted(BaseException):
 CHUNK = 200
 
 
-def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = deadlines.PLAN_S,
+def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float | None = None,
          max_steps: int = 6, divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
          on_example: Callable[[FuzzReport, Any], None] | None = None,
-         expected_hang_deadline: float = deadlines.EXPECTED_HANG_S) -> FuzzReport:
+         expected_hang_deadline: float | None = None) -> FuzzReport:
     """Run `examples` generated plans; stop at the first disagreement and shrink it.
 
     Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
@@ -85,6 +85,10 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     """
     report = FuzzReport(cluster.topology)
     world = cluster.world
+    tier = getattr(cluster, "tier", "process")
+    deadline = deadline if deadline is not None else getattr(cluster, "deadline", None) or deadlines.plan(tier, world)
+    if expected_hang_deadline is None:
+        expected_hang_deadline = deadlines.expected_hang(tier, world)
     strategy = plans(world, max_steps=max_steps, device=cluster.platform.device)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(world))

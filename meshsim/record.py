@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .ranks import group_text
 from .wire import (
@@ -135,6 +135,16 @@ class RankState:
         if self.op in ("function", "script"):
             return f"running the {'user function' if self.op == 'function' else 'script'} outside any collective"
         return f"running step {self.step} ({self.op}) outside any collective"
+
+
+class RunStatus(NamedTuple):
+    """How far a run is while it goes on (what a progress bar shows)."""
+
+    ended: int  # ranks whose part has ended
+    total: int
+    elapsed: float  # seconds since the run began
+    quiet: float  # seconds since the ranks last said anything
+    waiting: str  # after a quiet while (meshsim.deadlines.QUIET_S): where the unfinished ranks are, in words
 
 
 @dataclass

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -35,17 +35,60 @@ def make_console(stderr: bool = False, file: Any = None, record: bool = False, w
     return console
 
 
+SHOW_AFTER_S = 3.0  # a run longer than this shows how far its ranks are
+
+
+class RunWatch:
+    """A run's progress on a rich Progress (meshsim.record.RunStatus, from the executor's `watch`): after
+    SHOW_AFTER_S, a bar of the ranks whose part has ended; when the ranks have been quiet for a while, a line saying
+    what they wait for (at most every QUIET_S). `fields`: the Progress's other columns' fields."""
+
+    def __init__(self, progress: Any, label: str = "ranks", **fields: Any):
+        self.progress, self.label, self.fields = progress, label, fields
+        self.task: Any = None
+        self.said = 0.0  # the run's time when it last said what it waits for
+
+    def __call__(self, status: Any) -> None:
+        from .deadlines import QUIET_S
+
+        if status.ended >= status.total or status.elapsed < SHOW_AFTER_S:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+                self.task, self.said = None, 0.0
+            return
+        if self.task is None:
+            self.task = self.progress.add_task(self.label, total=status.total, **self.fields)
+        self.progress.update(self.task, completed=status.ended, total=status.total)
+        if status.waiting and status.elapsed - self.said >= QUIET_S:
+            self.said = status.elapsed
+            self.progress.console.print(f"  still running after {status.elapsed:.0f} s, nothing new for "
+                                        f"{status.quiet:.0f} s: {status.waiting}", style="dim", markup=False,
+                                        highlight=False, soft_wrap=True)
+
+
+class Steps:
+    """A bar's parts: calling it marks one done (what: the one next); .watch shows a long run's ranks."""
+
+    def __init__(self, bar: Any, task: Any, label: str):
+        self.bar, self.task = bar, task
+        self.watch = RunWatch(bar, f"  {label}: ranks", what="")
+
+    def __call__(self, what: str) -> None:
+        self.bar.update(self.task, advance=1, what=what)
+
+
 @contextlib.contextmanager
-def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Callable[[str], None]]:
+def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Steps]:
     """A bar on stderr for a run of several parts (scenarios, the nightly suite, the recipe's examples): it
-    shows where the run is and what it works on, and is gone when the run ends. Yields step(what): one part done."""
+    shows where the run is and what it works on, and is gone when the run ends; a single part shows no bar of parts,
+    but a long run still shows its ranks (Steps.watch). Yields Steps: step(what) marks one part done."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
-               TimeElapsedColumn()]
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[what]}"), TimeElapsedColumn()]
     with Progress(*columns, console=make_console(stderr=True), transient=True, disable=disable) as bar:
-        task = bar.add_task(label, total=total, what="")
-        yield lambda what: bar.update(task, advance=1, what=what)
+        task = bar.add_task(label, total=total, what="", visible=total > 1)
+        yield Steps(bar, task, label)
 
 
 OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import deadlines
 from ..errors import ClusterError
-from ..record import RankState, RunRecord
+from ..record import RankState, RunRecord, RunStatus
 from ..spec.platform import CPU
 from ..spec.tiers import TIERS, TierError
 from ..spec.topology import Topology
@@ -46,6 +46,7 @@ from ..wire import (
     Stop,
     Teardown,
     dispatch,
+    encoded,
 )
 from .follow import Hosted, absorb, follow
 from .generation import Generation
@@ -110,7 +111,7 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
 
     def post(rank: int, message: Any) -> None:
         with lock:
-            conn.send(FromRank(rank, message))
+            conn.send_bytes(encoded(FromRank(rank, message)))
 
     def sender(rank: int) -> Any:
         log = logs[rank]
@@ -206,16 +207,15 @@ class ThreadExecutor:
 
     tier = "thread"
     capabilities = TIERS["thread"]
+    watch: Callable[[RunStatus], None] | None = None  # told how far each run is (a progress bar)
     platform = CPU
 
-    def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
-                 start_timeout: float = deadlines.START_S):
+    def __init__(self, topology: Topology, deadline: float | None = None, start_timeout: float | None = None):
         if topology.world > self.capabilities.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the thread tier runs at most "
                                f"{self.capabilities.max_world:,} (larger worlds: --tier fake or model)")
         self.topology = topology
-        self.deadline = deadlines.checked(deadline)
-        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.deadline, self.start_timeout = deadlines.for_tier(self.tier, topology.world, deadline, start_timeout)
         self.thread_ranks: dict[int, int] = {}  # rank -> thread ident in the host, to split its stack dump
         self.pool = WorkerPool(self._specs, host_main, self.start_timeout, after_start=self._after_start)
 
@@ -266,7 +266,8 @@ class ThreadExecutor:
             meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
         host = Hosted(generation.workers[0], list(range(self.world)))
-        stuck, stopped = follow([host], states, started, work.deadline)
+        stuck, stopped = follow([host], states, started, work.deadline, watch=self.watch,
+                                on_quiet=lambda: _ask(host))
         if stuck:
             stuck = _reported(host, states, stuck)
         for rank in stuck:
@@ -293,6 +294,14 @@ class ThreadExecutor:
 
 
 REPORT_WAIT_S = 5.0  # how long the host gets to send its ranks' progress when asked
+
+
+def _ask(host: Hosted) -> None:
+    """Ask the host for its ranks' progress so far (what a quiet run waits for); the answer comes as messages."""
+    try:
+        host.worker.conn.send_bytes(encoded(Report()))
+    except (BrokenPipeError, OSError):
+        pass
 
 
 def _reported(host: Hosted, states: list[RankState], stuck: set[int]) -> set[int]:

@@ -108,18 +108,37 @@ def refine(label: Labels, feature: np.ndarray[Any, Any]) -> Labels:
     """Split every class by a per-rank feature (classes are renumbered; a class's smallest rank stays its rep)."""
     if feature.size == 0 or feature.min() == feature.max():
         return label
-    _, codes = np.unique(feature, return_inverse=True)
-    key = label * (int(codes.max()) + 1) + codes
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(first)  # number classes by their smallest rank, so class order follows rank order
-    renumber = np.empty_like(order)
-    renumber[order] = np.arange(order.size)
-    out: Labels = renumber[inverse.ravel()].astype(np.int64)
+    codes = feature.astype(np.int64) - int(feature.min())
+    span = int(codes.max()) + 1
+    if span > label.size:  # sparse codes: make them dense first
+        _, codes = np.unique(codes, return_inverse=True)
+        span = int(codes.max()) + 1
+    return _numbered(label * span + codes.ravel())
+
+
+def _numbered(key: Labels) -> Labels:
+    """Class ids 0..n-1 for distinct keys, numbered by each class's smallest rank (so its representative, the
+    smallest rank, stays first). A lookup table where the keys are few (no sort of a million ranks)."""
+    top = int(key.max()) + 1
+    if top <= 4 * key.size:
+        present = np.zeros(top, dtype=np.int64)
+        present[key] = 1
+        dense = (np.cumsum(present) - 1)[key]
+    else:
+        _, dense = np.unique(key, return_inverse=True)
+        dense = dense.ravel()
+    first = np.full(int(dense.max()) + 1, key.size, dtype=np.int64)
+    np.minimum.at(first, dense, np.arange(key.size, dtype=np.int64))
+    renumber = np.empty(first.size, dtype=np.int64)
+    renumber[np.argsort(first)] = np.arange(first.size)
+    out: Labels = renumber[dense]
     return out
 
 
 def representatives(label: Labels) -> list[int]:
-    _, first = np.unique(label, return_index=True)
+    """Each class's smallest rank, in class order."""
+    first = np.full(int(label.max()) + 1, label.size, dtype=np.int64)
+    np.minimum.at(first, label, np.arange(label.size, dtype=np.int64))
     return [int(r) for r in first]
 
 
@@ -163,7 +182,7 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
         group = obj.group_of(world)
         bad = obj.first_invalid[0] if obj.first_invalid is not None else obj.count
         agree = obj.agreement()
-        _, pattern = np.unique(agree, axis=0, return_inverse=True)  # which positions agree, group by group
+        pattern = _row_kinds(agree)  # which positions agree, group by group
         cells = obj.geometry.first_cells(world)
         inside = group >= 0
         feature = np.zeros(world, dtype=np.int64)
@@ -173,6 +192,17 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
     return None
 
 
+def _row_kinds(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """An id per row of a boolean table, equal rows alike (all rows alike: no sort at all)."""
+    if rows.size == 0 or bool((rows == rows[:1]).all()):
+        return np.zeros(rows.shape[0], dtype=np.int64)
+    packed = np.ascontiguousarray(np.packbits(rows, axis=1))
+    flat = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+    _, kinds = np.unique(flat, return_inverse=True)
+    out: np.ndarray[Any, Any] = kinds.ravel()
+    return out
+
+
 def composition_feature(info: L.DimInfo, label: Labels) -> np.ndarray[Any, Any] | None:
     """Which classes share each rank's group along a dim (a class split by it no longer mixes compositions)."""
     if not L.is_plan_map(info.geometry.rank_map) or int(label.max()) == 0:
@@ -180,16 +210,15 @@ def composition_feature(info: L.DimInfo, label: Labels) -> np.ndarray[Any, Any] 
     world = label.size
     table = info.geometry.table
     inside = (table >= 0) & (table < world)
-    labs = np.where(inside, label[np.clip(table, 0, world - 1)], -2)
+    labs = np.where(inside, label[np.clip(table, 0, world - 1)], -1) + 1
     labs.sort(axis=1)
     if (labs == labs[:1]).all():
         return None  # every group holds the same classes
-    repeat = np.zeros(labs.shape, dtype=bool)
-    repeat[:, 1:] = labs[:, 1:] == labs[:, :-1]
-    labs[repeat] = -1
-    labs.sort(axis=1)
-    _, comp = np.unique(labs, axis=0, return_inverse=True)
-    comp = comp.ravel()
+    # a group's set of classes, as the sum of a random 63-bit number per class present (repeats counted once)
+    tags = np.random.default_rng(0).integers(1, 1 << 62, size=int(labs.max()) + 1, dtype=np.int64)
+    picked = tags[labs]
+    picked[:, 1:][labs[:, 1:] == labs[:, :-1]] = 0
+    comp = _numbered(picked.sum(axis=1))
     group = info.group_of(world)
     feature = np.full(world, -1, dtype=np.int64)
     feature[group >= 0] = comp[group[group >= 0]]
@@ -289,7 +318,7 @@ def _kind_of(model: Any, call: Call) -> Any:
 
 def _holding(model: Any, kind: Any, label: Labels, everyone: set[int]) -> set[int]:
     """The classes whose ranks are in the groups of a kind."""
-    if kind == WORLD_KEY:
+    if kind == WORLD_KEY or len(everyone) == 1:
         return everyone
     ranks = model.kind_dims[kind].geometry.table if kind in model.kind_dims else \
         np.asarray(kind[1], dtype=np.int64)

@@ -16,7 +16,7 @@ from typing import Any
 from .judge.blame import blame
 from .model import layout as L
 from .model.dtensor import DTensorModel
-from .model.expect import Err, ModelRaise, Quirk
+from .model.expect import Err, Grid, ModelRaise, Quirk
 from .model.mesh import Call, Group, MeshModel, RankModel, summary
 from .ops import operation_of
 from .outcome import ERROR, PASS, UNDEFINED, outcome_of
@@ -491,8 +491,8 @@ def _as_observed(value: Any, seen: dict[int, Any]) -> Any:
         return _as_observed(value.right if value.torch == UNDEFINED else value.torch, seen)
     if isinstance(value, Err):
         return {"error": [value.type or "Exception", value.match]}
-    if not isinstance(value, (list, dict)):
-        return value
+    if not isinstance(value, (list, dict)) or type(value) is Grid:
+        return value  # (a Grid holds ranks alone)
     hit = seen.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]

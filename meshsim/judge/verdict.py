@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import findings as F
 from ..model import Err, Quirk, to_json
-from ..model.expect import UNPREDICTED
+from ..model.expect import UNPREDICTED, Grid
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
 from ..predict import Prediction
 from ..record import RankState, RunRecord
@@ -352,7 +352,7 @@ def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple
     """Differences between one expectation and one observation: (kind, path, expected, observed, finding)."""
     if expected is observed or observed == UNMOVED:
         return []  # the fake tier's collectives: nothing to compare (the report says so)
-    if type(expected) in (list, dict) and expected == observed:
+    if (type(expected) in (list, dict) or type(expected) is Grid) and expected == observed:
         return []  # equal plain data holds no Quirk or Err (they never equal JSON values): nothing to explain
     if is_digest(observed) and isinstance(expected, list):
         digest = digest_of(expected)

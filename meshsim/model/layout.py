@@ -21,6 +21,8 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from .expect import Grid
+
 T = TypeVar("T")
 
 Mode = tuple[int, int]
@@ -341,12 +343,12 @@ def shared_dim_groups(dim: Dim, rank_map: tuple[int, ...]) -> list[tuple[int, ..
     return shared_replicas((dim,), rank_map)
 
 
-def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> list[Any]:
-    """One replica as nested lists, the same object for every rank that sees it."""
-    def build() -> list[Any]:
+def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> Any:
+    """One replica as nested lists (a Grid), the same object for every rank that sees it."""
+    def build() -> Any:
         geo = geometry(layout, rank_map)
-        nested: list[Any] = geo.table[replica].reshape(sizes_of(layout) or ()).tolist()
-        return nested
+        nested: Any = geo.table[replica].reshape(sizes_of(layout) or ()).tolist()
+        return Grid(nested) if isinstance(nested, list) else nested
 
     return _shared(f"view{replica}", layout, rank_map, build)
 

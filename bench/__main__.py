@@ -32,18 +32,14 @@ from rich.console import Console  # noqa: E402
 
 
 def launch(quick: bool = False) -> list[Figure]:
-    """`meshsim launch` next to torchrun (bench/bench.py's launch section; its figures, where it gives them)."""
-    import importlib.util
+    """`meshsim launch` next to torchrun (bench/launch_vs_torchrun.py; its figures, where it gives them, else its
+    own tables)."""
+    import launch_vs_torchrun
 
-    spec = importlib.util.spec_from_file_location("bench_sections", os.path.join(HERE, "bench.py"))
-    assert spec is not None and spec.loader is not None
-    classic = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(classic)
-
-    figures = getattr(classic, "launch_figures", None)
+    figures = getattr(launch_vs_torchrun, "launch_figures", None)
     if figures is not None:
         return list(figures(quick))
-    classic.launch_section()
+    launch_vs_torchrun.launch_section(Console(width=200), rounds=1 if quick else 3)
     return []
 
 

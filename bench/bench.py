@@ -9,7 +9,9 @@ plans   plans/s at W = 8 next to the same torch calls in a raw loop (bench/proce
 fuzz    generated examples/s at W = 8 and W = 16
 find    time for `fuzz` to find and shrink a bug injected into DeviceMesh in the workers
 memory  worker RSS and PSS (shared pages split) at W = 8
-launch  `meshsim launch` next to `torchrun` for the same (2, 4) mesh script, and a hang's time to diagnosis
+launch  each example script under `meshsim launch` (unchanged, simulated GPUs) next to `torchrun --standalone` of
+        it on CPU/gloo (a device edit): wall time and per-step time (goal <= 1.2x), and a hang's time to diagnosis
+        (goal <= deadline + 1 s)
 tiers   the thread, fake and model sections of `python -m bench` (bench/thread.py, fake.py, model.py)
 
 `python -m bench` runs the sections that carry goals (process, thread, fake, model, launch, memory) in one run,
@@ -27,6 +29,7 @@ import textwrap
 import time
 from datetime import timedelta
 
+from launch_vs_torchrun import launch_section
 from rich.console import Console
 from rich.table import Table
 
@@ -266,53 +269,8 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
     console.print(table)
 
 
-MESH_ONLY = """
-import os
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-mesh = init_device_mesh("{device}", (2, 4), mesh_dim_names=("dp", "tp"))
-dist.barrier()
-"""
-
-
-def launch_section(rounds: int = 3) -> None:
-    """meshsim launch next to torchrun for the same script (a (2, 4) mesh), and how fast a hang is diagnosed."""
-    import tempfile
-
-    from meshsim import Topology
-    from meshsim.launcher import launch
-
-    work = tempfile.mkdtemp(prefix="meshsim-bench-")
-    cuda, cpu = os.path.join(work, "mesh_cuda.py"), os.path.join(work, "mesh_cpu.py")
-    open(cuda, "w").write(MESH_ONLY.format(device="cuda"))
-    open(cpu, "w").write(MESH_ONLY.format(device="cpu"))
-    ours, theirs = [], []
-    for _ in range(rounds):
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "meshsim", "launch", "--nnodes", "2", "--nproc-per-node", "4", cuda],
-                       check=True, capture_output=True, cwd=work)
-        ours.append(time.monotonic() - started)
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8", cpu],
-                       check=True, capture_output=True, cwd=work)
-        theirs.append(time.monotonic() - started)
-    hang = os.path.join(TESTS, "launch_scripts", "skip_collective.py")
-    result = launch(hang, Topology(2, 4), deadline=3)
-    table = Table(title="meshsim launch: a script that builds a (2, 4) mesh, wall time of the whole command "
-                        f"(median of {rounds})")
-    for col in ("command", "seconds", "vs torchrun"):
-        table.add_column(col, justify="right")
-    base = statistics.median(theirs)
-    table.add_row("torchrun --standalone --nproc-per-node 8 (gloo, cpu edit)", f"{base:.2f}", "1.00")
-    table.add_row("meshsim launch --nnodes 2 --nproc-per-node 4 (simulated GPUs, script unchanged)",
-                  f"{statistics.median(ours):.2f}", f"{statistics.median(ours) / base:.2f}")
-    console.print(table)
-    console.print(f"  skipped-collective hang, deadline 3 s: diagnosed {result.record.elapsed:.2f} s after the script "
-                  f"started ({result.diagnosis.kind}, culprits {result.diagnosis.culprits})")
-
-
-SECTIONS = {"start": start_section, "launch": launch_section, "plans": plans_section, "fuzz": fuzz_section,
-            "dtensor": dtensor_section, "find": find_section,
+SECTIONS = {"start": start_section, "launch": lambda: launch_section(console), "plans": plans_section,
+            "fuzz": fuzz_section, "dtensor": dtensor_section, "find": find_section,
             "memory": memory_section, "tiers": lambda: tiers_section(), "soak": soak_section}
 
 

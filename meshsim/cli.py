@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, LAUNCH_S, PLAN_S, SCENARIO_S, START_S
+from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
 from .errors import InputError, MeshsimError
 from .report import make_console
 from .spec.platform import BACKENDS
@@ -27,7 +27,31 @@ class UsageError(InputError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with its errors as meshsim's: one line naming the command, exit 2 (`-h` shows the usage)."""
+    """argparse, with its errors as meshsim's: one line naming the command, exit 2 (`-h` shows the usage).
+
+    fill(parser) adds the arguments when the command is used (`launch` reads torchrun's own parser, which imports
+    torch: the other commands need not wait for it)."""
+
+    def __init__(self, *args: Any, fill: Any = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._fill = fill
+
+    def _filled(self) -> None:
+        fill, self._fill = self._fill, None
+        if fill is not None:
+            fill(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._filled()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._filled()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._filled()
+        return super().format_usage()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} -h`)\n")
@@ -151,25 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
                     help=f"seconds each example may take (default {EXAMPLE_S:g})")
 
-    la = sub.add_parser("launch", help="run an unmodified torchrun script on simulated hosts x GPUs, bounded and "
-                                       "diagnosed (replace the word `torchrun`)")
-    la.add_argument("--nnodes", "--hosts", dest="nnodes", type=_positive(int), default=1,
-                    help="simulated hosts (default 1)")
-    la.add_argument("--nproc-per-node", "--nproc_per_node", "--devices-per-host", dest="nproc_per_node",
-                    type=_positive(int), default=1, help="ranks (simulated GPUs) per host (default 1)")
-    la.add_argument("--deadline", type=_deadline, default=LAUNCH_S,
-                    help=f"seconds the script may run before a rank still waiting is called a hang "
-                         f"(default {LAUNCH_S:g})")
-    la.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rankN.log")
-    la.add_argument("--groups", action="store_true", help="print the map of process groups the script created")
-    la.add_argument("-m", "--module", action="store_true", help="TARGET is a module, run as `python -m` would")
-    for flag in ("--rdzv-id", "--rdzv_id", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend",
-                 "--rdzv_backend", "--max-restarts", "--max_restarts", "--node-rank", "--node_rank",
-                 "--master-addr", "--master_addr", "--master-port", "--master_port"):
-        la.add_argument(flag, help=argparse.SUPPRESS)  # torchrun's: accepted, meaningless on one machine
-    la.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
-    la.add_argument("target", metavar="TARGET", help="the script (or, with -m, the module)")
-    la.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    from .launch_options import add_arguments as launch_arguments
+
+    sub.add_parser("launch", add_help=False, fill=launch_arguments,  # torchrun's parser brings its -h
+                   help="run an unmodified torchrun script on simulated hosts x GPUs, bounded and diagnosed "
+                        "(replace the word `torchrun`; every torchrun flag is read by torchrun's own parser)")
 
     rp = sub.add_parser("replay", help="a production hang rebuilt from its Flight Recorder dumps: culprits, a "
                                        "scenario file, and its replay on the simulated cluster")
@@ -215,28 +225,40 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def writable_file(path: str | None, option: str) -> None:
-    """An output file must be writable before any work is done, or the work's result is lost at the end."""
+    """An output file must be writable before any work is done, or the work's result is lost at the end.
+
+    Tried by writing beside it, not by os.access: root passes every access check and still cannot write under
+    /proc or on a read-only mount."""
     if path is None:
         return
-    target = os.path.abspath(path)
-    parent = os.path.dirname(target)
-    if os.path.isdir(target):
+    if os.path.isdir(path):
         raise UsageError(f"{option} {path}: is a directory")
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise UsageError(f"{option} {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
-        raise UsageError(f"{option} {path}: not writable")
+    _try_writing_in(os.path.dirname(os.path.abspath(path)), path, option)
 
 
 def writable_dir(path: str | None, option: str) -> None:
+    """An output directory is made now (as the run would make it) and written to once."""
     if path is None:
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path}: not a directory")
-    writable_file(os.path.join(path, "probe"), option)
+    _try_writing_in(path, path, option)
+
+
+def _try_writing_in(folder: str, path: str, option: str) -> None:
+    import tempfile
+
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):  # the root exists: this ends
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{option} {path}: {existing} is not a directory")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -465,6 +487,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from .launcher import main
 
     writable_dir(args.log_dir, "--log-dir")
+    writable_dir(args.host_dirs, "--host-dirs")
     if signal.getsignal(signal.SIGINT) is _terminate:
         # A hung script is what a user interrupts: the first Ctrl-C ends the run with its diagnosis (exit 130),
         # a second one at once.

@@ -106,14 +106,15 @@ class Helper:
         return result.raise_for_outcome() if check else result
 
     def launch(self, script: str, args: list[str] | tuple = (), deadline: float | None = None,
-               module: bool = False, check: bool = True) -> Any:
+               module: bool = False, check: bool = True, **options: Any) -> Any:
         """Your own torchrun script on this test's topology (simulated GPUs when the machine has too few); with
-        check=True a failed or hung launch fails the test with the whole report (tracebacks, diagnosis, groups)."""
+        check=True a failed or hung launch fails the test with the whole report (tracebacks, diagnosis, groups).
+        options: torchrun's, as meshsim.launch takes them (max_restarts, host_dirs, ...)."""
         from .deadlines import LAUNCH_S
         from .launcher import launch
 
         result = launch(script, self.cluster.topology, args, deadline=deadline or self.deadline or LAUNCH_S,
-                        module=module)
+                        module=module, **options)
         return result.raise_for_outcome() if check else result
 
 

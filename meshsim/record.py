@@ -23,6 +23,7 @@ from .wire import (
     CallReturned,
     FunctionBegun,
     MeshBuilt,
+    ScriptDone,
     StepBegun,
     dispatch,
 )
@@ -118,7 +119,7 @@ class RankState:
             if self.op == "function":
                 return "raised in the user function"
             if self.op == "script":
-                return "exited non-zero (or raised) in the script"
+                return _script_end(self.value)
             if self.end_step is None:
                 return "failed (exited non-zero or raised)"
             return f"raised in step {self.end_step} and left the plan"
@@ -175,3 +176,14 @@ class RunRecord:
     @property
     def stuck(self) -> list[int]:
         return [s.rank for s in self.states if s.end == STUCK]
+
+
+def _script_end(done: Any) -> str:
+    """How a script ended on a rank that failed: the exception's own line and where in the script, or the exit
+    code it chose."""
+    if not isinstance(done, ScriptDone):
+        return "exited non-zero (or raised) in the script"
+    if done.error and done.traceback:
+        return f"raised {done.error}" + (f" at {done.site}" if done.site else " in the script")
+    return f"exited with code {done.exit_code}" + (f": {done.error}" if done.error else "") + \
+        (f" at {done.site}" if done.site else "")

@@ -221,6 +221,13 @@ def _script_head(verdict: Any, console: Console) -> None:
     head = {PASS: "all ranks exited 0"}.get(verdict.outcome, verdict.outcome)
     console.print(f"meshsim launch {os.path.basename(verdict.script)} on {verdict.topology} "
                   f"({verdict.elapsed:.2f} s): {head}", markup=False, highlight=False)
+    if verdict.attempts:
+        n = len(verdict.attempts)
+        console.print(f"  restarted every rank {n} time{'s' if n > 1 else ''} (--max-restarts); this was attempt {n} "
+                      f"(TORCHELASTIC_RESTART_COUNT={n})", markup=False, highlight=False)
+        for number, attempt in enumerate(verdict.attempts):
+            for line in failure_lines(attempt)[:MAX_ROWS]:
+                console.print(f"    attempt {number} failed: {line}", markup=False, highlight=False, soft_wrap=True)
     if not verdict.passed:
         codes = ", ".join(f"{r}:{c}" for r, c in enumerate(verdict.exit_codes))
         console.print(f"  exit codes by rank: {codes}", markup=False, highlight=False)
@@ -228,8 +235,43 @@ def _script_head(verdict: Any, console: Console) -> None:
 
 def _script_errors(verdict: Any, console: Console) -> None:
     for ranks, key, text in grouped_tracebacks(verdict):
-        console.print(f"ranks {ranks_text(ranks)}: {key}", style="bold red", markup=False, highlight=False)
+        console.print(f"{_ranks_said(ranks)}: {key}", style="bold red", markup=False, highlight=False, soft_wrap=True)
         console.print("  " + text.strip().replace("\n", "\n  "), style="dim", markup=False, highlight=False)
+    for line in _silent_failures(verdict):
+        console.print(line, style="bold red", markup=False, highlight=False)
+
+
+def failure_lines(verdict: Any) -> list[str]:
+    """A script's failures, one line each, identical ones merged by rank: "ranks 4-7: RuntimeError: CUDA error:
+    invalid device ordinal at 2d_setup.py:13", "rank 1: exited with code 3", "rank 2: died (signal 9)"."""
+    lines = [(ranks, f"{_ranks_said(ranks)}: {key}") for ranks, key, _ in grouped_tracebacks(verdict)]
+    lines += _silent_failures(verdict, with_ranks=True)
+    culprits = set(verdict.culprits)  # the cause first: a peer that failed because of it comes after
+    return [line for _, line in sorted(lines, key=lambda item: (not culprits & set(item[0]), item[0]))]
+
+
+def _ranks_said(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
+
+
+def _silent_failures(verdict: Any, with_ranks: bool = False) -> list[Any]:
+    """Ranks that failed without an exception: a non-zero exit code of their choosing (sys.exit's message with
+    it), or death by a signal. Exits that differ only in numbers (a rank in sys.exit's message) are one."""
+    from .wire import DIED, RAISED
+
+    ends: dict[str, tuple[list[int], str]] = {}
+    for state, code in zip(verdict.record.states, verdict.exit_codes):
+        if state.end == RAISED and state.value is not None and not state.value.traceback:
+            end = state.where  # "exited with code 3", with sys.exit's message and line
+            key = re.sub(r"\d+", "N", end)
+        elif state.end == DIED:  # (signal 9 and signal 11 are two ends)
+            how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"
+            key = end = f"died ({how}, no exception)"
+        else:
+            continue
+        ends.setdefault(key, ([], end))[0].append(state.rank)
+    lines = [(ranks, f"{_ranks_said(ranks)}: {end}") for ranks, end in ends.values()]
+    return lines if with_ranks else [line for _, line in lines]
 
 
 def _where_in_script(verdict: Any, console: Console) -> None:
@@ -256,15 +298,16 @@ def grouped_tracebacks(verdict: Any) -> list[tuple[list[int], str, str]]:
     (rank 4 and rank 5 failing on "device 4" and "device 5" are one failure).
     """
     groups: dict[str, tuple[list[int], str, str]] = {}
-    for rank, text in enumerate(verdict.tracebacks):
-        if not text:
+    for state in verdict.record.states:
+        done = state.value
+        if done is None or not done.traceback:
             continue
-        text = _from_script_on(text, verdict.script)
-        headline = error_line(text)
-        at = _script_line(text, verdict.script)
+        text = _from_script_on(done.traceback, verdict.script)
+        headline = done.error or error_line(text)
+        at = done.site or _script_line(text, verdict.script)
         title = f"{headline} at {at}" if at else headline
         key = re.sub(r"\d+", "N", title)
-        groups.setdefault(key, ([], title, text))[0].append(rank)
+        groups.setdefault(key, ([], title, text))[0].append(state.rank)
     return [(ranks, title, text) for ranks, title, text in groups.values()]
 
 
@@ -360,7 +403,8 @@ def render_picture(verdict: Any, console: Console) -> None:
     wait = headline_wait(diagnosis.waits, diagnosis.culprits)
     outlined = set(wait.group_ranks) if wait is not None else set()
     width = len(str(topology.world - 1))
-    console.print(Text.assemble(("The hang, a row a host", "bold"), "  (",
+    what = "The hang" if verdict.outcome == HANG else "The failure"
+    console.print(Text.assemble((f"{what}, a row a host", "bold"), "  (",
                                 *[part for state in PICTURE_STYLE for part in ((f" {state} ", PICTURE_STYLE[state]),
                                                                                  " ")],
                                 "; [ ] the group the others wait on)"))

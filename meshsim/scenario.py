@@ -189,8 +189,9 @@ def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
     for fid in expect.findings:
         if fid not in result.findings:
             problems.append(f"finding {fid} was expected and not seen")
-    if problems:
-        problems.extend(_unmeant_errors(scenario, result))
+    # A step that raises where the file does not say it means it to is most often a typo, and it would make the
+    # scenario pass for the wrong reason: it is a problem on its own, not only an explanation of another.
+    problems.extend(_unmeant_errors(scenario, result))
     return ScenarioRun(scenario, result, problems)
 
 
@@ -204,9 +205,11 @@ def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:
     prediction = result.prediction
     if prediction is None or prediction.model_error is not None:
         return []
+    from .ops import operation_of
+
     out = []
     for index, st in enumerate(scenario.plan.steps):
-        if st.expect_error:
+        if st.expect_error or operation_of(st).role == "fault":  # a fault step raises by definition
             continue
         raised: dict[str, list[int]] = {}
         for rank in range(scenario.topology.world):

@@ -81,6 +81,18 @@ class RunFunction(NamedTuple):
     deadline: float
 
 
+class ScriptHost(NamedTuple):
+    """What one rank of `meshsim launch` sees of its simulated host, beyond Topology.env: torchrun's variables for
+    this attempt (None: unset), the host's name, its own working directory (--host-dirs), its thread count."""
+
+    env: dict[str, str | None]
+    hostname: str
+    hostnames: tuple[str, ...]  # every simulated host's name: each resolves to loopback, as a cluster's DNS would
+    cwd: str  # the launch's directory (one disk shared by every host), or the host's own (--host-dirs)
+    tmpdir: str | None = None  # the host's own temporary directory (--host-dirs); None: the machine's
+    threads: int | None = None  # torch.set_num_threads (OMP_NUM_THREADS, as torchrun sets it); None: torch's own
+
+
 class RunScript(NamedTuple):
     """Run a user's script (or module, with -m) as __main__ with these arguments, as torchrun would."""
 
@@ -88,6 +100,8 @@ class RunScript(NamedTuple):
     is_module: bool
     argv: list[str]
     deadline: float
+    hosts: tuple[ScriptHost, ...] = ()  # one a rank, by rank (empty: Topology.env alone)
+    launch_dir: str = ""  # where `python -m` would look for the module (the launch's working directory)
 
 
 class RunRanks(NamedTuple):
@@ -183,6 +197,8 @@ class ScriptDone(NamedTuple):
     exit_code: int
     traceback: str  # the uncaught exception's traceback ("" when the script ended normally or by sys.exit)
     group_count: int
+    error: str = ""  # the exception's own line, "RuntimeError: CUDA error: invalid device ordinal" ("": none)
+    site: str = ""  # the innermost line of the script the exception passed, "train.py:42" ("": not in the script)
 
 
 PROGRESS = (StepBegun, CallBegun, CallReturned, FunctionBegun, MeshBuilt, Batch)

@@ -1,5 +1,9 @@
 """Small helpers shared by the tests (tests/ is on sys.path under pytest)."""
 
+import os
+import signal
+import time
+
 
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
@@ -8,3 +12,36 @@ def alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def wait_for(condition, within=120.0, what="the run to get there"):
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {within:g} s for {what}"
+        time.sleep(0.05)
+
+
+def session_of(sid):
+    """The live processes of a session: a run's controller, forkserver and ranks (the reaper has its own)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.add(int(pid))
+    return found
+
+
+def kill_session(proc):
+    """Whatever the assertions said, nothing of the run outlives the test."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=30)
+    for pid in session_of(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -104,6 +104,9 @@ def test_the_executors_import_nothing_of_the_model_or_the_judge(module):
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_only_code_that_runs_on_the_ranks_imports_torch_distributed(module):
     on_ranks = module.startswith(("meshsim.run", "meshsim.ops", "meshsim.examples"))
-    if not on_ranks:  # (torch's Flight Recorder reader and analyzer are file tools: replay reads dumps with them)
-        assert not [i for i in _imports(module) if i.startswith("torch.distributed")
-                    and not i.startswith("torch.distributed.flight_recorder")]
+    # Tools that start no process group: torch's Flight Recorder reader and analyzer (replay reads dumps with
+    # them), and torchrun's command-line parser and log routing (launch reads torchrun's flags with them).
+    tools = ("torch.distributed.flight_recorder", "torch.distributed.run", "torch.distributed.elastic.multiprocessing",
+             "torch.distributed.elastic.rendezvous.utils")
+    if not on_ranks:
+        assert not [i for i in _imports(module) if i.startswith("torch.distributed") and not i.startswith(tools)]

@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from meshsim import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,9 +72,32 @@ def test_a_scenario_that_ends_otherwise_names_the_step_whose_name_is_misspelt(tm
     assert "step 1 (all_reduce) raises" in out and "tpp" in out and "misspelt" in out
 
 
+def test_a_scenario_that_passes_only_because_a_misspelt_name_raises_everywhere_does_not_pass(tmp_path, capsys):
+    # the model predicts torch's KeyError on every rank, so the run "agrees": the typo must still be named
+    path = tmp_path / "typo.toml"
+    path.write_text('[topology]\nhosts = 1\ndevices_per_host = 2\n'
+                    '[[step]]\nop = "init_device_mesh"\nshape = [2]\nnames = ["tp"]\nout = "m"\n'
+                    '[[step]]\nop = "all_reduce"\nmesh = "m"\ndim = "tpp"\n'
+                    '[expect]\noutcome = "pass"\n')
+    assert cli.main(["run", str(path), "--tier", "model"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step 1 (all_reduce) raises" in out and "tpp" in out and "expect_error = true" in out
+    path.write_text(path.read_text().replace('op = "all_reduce"', 'op = "all_reduce"\nexpect_error = true'))
+    assert cli.main(["run", str(path), "--tier", "model"]) == 0
+
+
 def test_replay_rebuilds_a_hang_from_its_dumps_runs_it_and_exits_1_as_run_does_when_it_reproduces(tmp_path, capsys):
     dumps = os.path.join(ROOT, "tests", "data", "flight_recorder", "skip_on_mesh_dim", "dumps")
     assert cli.main(["replay", dumps, "--deadline", "3", "--scenario-out", str(tmp_path / "s.toml")]) == 1
     out = capsys.readouterr().out
     assert "culprit ranks 5" in out and "replayed: hang — as the dumps say" in out
     assert cli.main(["run", str(tmp_path / "s.toml"), "--tier", "model"]) == 0  # anyone can re-run the file
+
+
+@pytest.mark.parametrize("where", ["/proc/meshsim-nope/logs", "/proc/self/status/logs"])
+def test_a_log_dir_the_system_refuses_even_to_root_is_exit_2_in_one_line(where, capsys):
+    # root passes os.access everywhere, and /proc still refuses a mkdir: only trying tells
+    script = os.path.join(ROOT, "tests", "launch_scripts", "exits.py")
+    assert cli.main(["launch", "--log-dir", where, script]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("meshsim: error: --log-dir") and "Traceback" not in err[0]

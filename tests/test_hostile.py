@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from helpers import alive
+from helpers import alive, kill_session, session_of, wait_for
 
 from meshsim import cli
 
@@ -180,7 +179,7 @@ def test_processes_a_rank_starts_do_not_outlive_the_run(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     pids = json.loads(out.stdout.strip().splitlines()[-1])
-    _wait_for(lambda: not [p for p in pids if alive(p)], what="every process the ranks started to end")
+    wait_for(lambda: not [p for p in pids if alive(p)], what="every process the ranks started to end")
 
 
 HOLDS_THE_GIL = textwrap.dedent("""
@@ -208,12 +207,12 @@ def test_sigkill_of_the_controller_leaves_nothing_even_while_a_rank_holds_the_gi
                             stderr=subprocess.PIPE, text=True)
     try:
         pids = json.loads(proc.stdout.readline())
-        _wait_for(lambda: len(os.listdir(marks)) == 2, what="both ranks to be inside pause()")
+        wait_for(lambda: len(os.listdir(marks)) == 2, what="both ranks to be inside pause()")
         proc.kill()
         proc.wait(30)
-        _wait_for(lambda: not [p for p in pids if alive(p)], what="every process of the run to end")
+        wait_for(lambda: not [p for p in pids if alive(p)], what="every process of the run to end")
     finally:
-        _kill_session(proc)
+        kill_session(proc)
 
 
 @pytest.mark.parametrize("signum, code, when", [(signal.SIGTERM, 143, "sweeping"), (signal.SIGINT, 130, "sweeping"),
@@ -224,26 +223,19 @@ def test_a_signal_ends_a_fuzz_run_in_one_line_with_its_exit_code_and_no_process_
                             stderr=subprocess.PIPE, text=True, cwd=HERE, start_new_session=True)
     try:
         # Events, not wall-clock: the sweep has ranks; the forkserver is starting them; nothing is started yet.
-        _wait_for(lambda: _catches(proc.pid, signal.SIGTERM))  # meshsim's own handlers are in place
+        wait_for(lambda: _catches(proc.pid, signal.SIGTERM))  # meshsim's own handlers are in place
         if when == "sweeping":
-            _wait_for(lambda: _children_named(proc.pid, "meshsim-r"))
+            wait_for(lambda: _children_named(proc.pid, "meshsim-r"))
         elif when == "starting":
-            _wait_for(lambda: _session(proc.pid) - {proc.pid})
+            wait_for(lambda: session_of(proc.pid) - {proc.pid})
         os.killpg(proc.pid, signum)  # as a terminal does: the whole foreground group gets it
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == code, err
         lines = [line for line in err.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and "meshsim:" in lines[0], err
-        _wait_for(lambda: not _session(proc.pid), what="every process of the run to end")
+        wait_for(lambda: not session_of(proc.pid), what="every process of the run to end")
     finally:
-        _kill_session(proc)
-
-
-def _wait_for(condition, within=120.0, what="the run to get there"):
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {within:g} s for {what}"
-        time.sleep(0.05)
+        kill_session(proc)
 
 
 def _catches(pid, signum):
@@ -254,32 +246,6 @@ def _catches(pid, signum):
     except (OSError, StopIteration):
         return False
     return bool(mask & (1 << (signum - 1)))
-
-
-def _session(sid):
-    """The live processes of a session: a run's controller, forkserver and ranks (the reaper has its own)."""
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.add(int(pid))
-    return found
-
-
-def _kill_session(proc):
-    """Whatever the assertions said, nothing of the run outlives the test."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate(timeout=30)
-    for pid in _session(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _children_named(root, prefix):

@@ -58,8 +58,8 @@ def test_a_skipped_collective_is_a_hang_diagnosed_at_the_deadline_with_group_dim
     assert "on group [4, 5, 6, 7]" in headline and "dim 'tp'" in headline and "in the script" in headline
     report = result.report()
     assert "rank 4 is at skip_collective.py:12" in report and "rank 0 is at skip_collective.py:13" in report
-    assert sorted(os.listdir(tmp_path)) == ["flight_recorder", "hang.html", "hang.svg"] + [f"rank{r}.log"
-                                                                                        for r in range(8)]
+    assert sorted(os.listdir(tmp_path)) == ["flight_recorder", "hang.html", "hang.svg", "host0", "host1"] + [
+        f"rank{r}.log" for r in range(8)]  # (host<h>: torchrun's log layout of each simulated host)
 
 
 def test_an_api_meshsim_does_not_simulate_raises_naming_it():
@@ -82,7 +82,8 @@ def test_a_module_runs_with_dash_m():
 
 @pytest.mark.parametrize("args", [["nope.py"], ["-m", "no_such_module_here"], ["--nnodes", "0", "x.py"],
                                   ["--deadline", "nan", "hsdp.py"], ["--nnodes", "100", "--nproc-per-node", "100",
-                                                                     "hsdp.py"]])
+                                                                     "hsdp.py"],
+                                  ["--nnodes=1:20", "--nproc-per-node=gpu", "hsdp.py"], ["--no-python", "hsdp.py"]])
 def test_bad_usage_is_exit_2_in_one_line_and_starts_nothing(args):
     out = meshsim_launch(*args, timeout=60)
     assert out.returncode == 2, out.stderr

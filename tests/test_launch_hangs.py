@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from helpers import kill_session
+
 from meshsim import Topology
 from meshsim.launcher import launch
 
@@ -69,7 +71,6 @@ def test_ctrl_c_on_a_hung_launch_prints_the_diagnosis_and_exits_130(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_session(proc)  # whatever happened, no rank of the launch outlives the test
     assert proc.returncode == 130, err
     assert "Diagnosis: skipped collective" in err and "culprit ranks 1" in err and "interrupted" in err

@@ -168,8 +168,8 @@ def headline_wait(waits: list[Wait], culprits: list[int]) -> Wait | None:
 
 def _summary(d: Diagnosis, states: list[RankState]) -> str:
     who = ", ".join(map(str, d.culprits)) or "none identified"
-    lead = "; ".join(f"rank {r} {states[r].where}" for r in d.culprits[:3]
-                     if states[r].end in (DIED, RAISED) or d.kind in (KINDS["straggler"], KINDS["left"]))
+    lead = _lead([r for r in d.culprits
+                  if states[r].end in (DIED, RAISED) or d.kind in (KINDS["straggler"], KINDS["left"])], states)
     w = headline_wait(d.waits, d.culprits)
     if w is None:
         return f"{d.kind}: {lead + '. ' if lead else ''}Culprit ranks: {who}."
@@ -185,6 +185,21 @@ def _summary(d: Diagnosis, states: list[RankState]) -> str:
     verb = "raised" if w.raised else "waits"
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} {verb} in {w.call} #{w.seq} on group "
             f"{group_text(w.group_ranks)}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
+
+
+def _lead(ranks: list[int], states: list[RankState], most: int = 3) -> str:
+    """Where the culprits are, ranks that ended alike said once: "ranks 4-7 raised RuntimeError: ... at x.py:13"."""
+    alike: dict[str, list[int]] = {}
+    for rank in ranks:
+        alike.setdefault(_alike(states[rank]), []).append(rank)
+    return "; ".join(f"rank{'s' if len(group) > 1 else ''} {ranks_text(group)} {states[group[0]].where}"
+                     for group in list(alike.values())[:most])
+
+
+def _alike(state: RankState) -> str:
+    """A script's failures that differ only in numbers (ranks 4 and 5 failing on "device 4" and "device 5") are
+    one failure."""
+    return re.sub(r"\d+", "N", state.where) if state.end == RAISED and state.op == "script" else state.where
 
 
 def culprit_ranks_text(d: Diagnosis) -> str:

@@ -107,6 +107,7 @@ class Verdict:
     unseen_hang: bool = False  # the model predicts a hang the tier cannot show (fake: nothing waits)
     script: str = ""  # the script a launch ran
     topology: Any = None  # hosts x devices, where the work ran on a topology (hosts of each group)
+    attempts: list[Verdict] = field(default_factory=list)  # a launch's earlier attempts, each failed and restarted
 
     @property
     def notes(self) -> list[str]:
@@ -206,6 +207,7 @@ class Verdict:
             "differences": [d.to_json() for d in self.differences],
             "findings": [h.to_json() for h in self.findings.values()],
             "diagnosis": self.diagnosis.to_json() if self.diagnosis is not None else None,
+            "restarts": [{"outcome": a.outcome, "exit_codes": a.exit_codes} for a in self.attempts],
         }
 
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InputError
+
 # torch's loader infers the prefix with this expression: a rank is the digits that end a file name
 NAME = re.compile(r"([\w\-\_]*?)(\d+)$")
 MAX_DUMP_BYTES = 1 << 30  # Flight Recorder's default buffer (2,000 entries with stacks) is a few MB
@@ -31,7 +33,7 @@ ENTRY_KEYS = ("record_id", "pg_id", "process_group", "collective_seq_id", "profi
               "output_sizes", "state", "retired")
 
 
-class ReplayError(ValueError):
+class ReplayError(InputError):
     """Dumps that cannot be replayed; the message is one line and names the file."""
 
 

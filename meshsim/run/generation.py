@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -23,7 +24,13 @@ from .reaper import ignore_interrupts_while, kill_group
 WARM_MODULES = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx.experimental.proxy_tensor",
                 "torch._subclasses.fake_tensor", "torch.distributed.tensor", "torch._dynamo", "dill",
                 "meshsim.run.rank", "meshsim.run.interpreter", "meshsim.ops"]
-PRELOAD = WARM_MODULES + ["meshsim.run.warm"]  # the forkserver then freezes what it loaded
+
+
+def preload() -> list[str]:
+    """What the forkserver imports before it forks a rank (then meshsim.run.warm freezes it). Under pytest,
+    pytest too: a test's function travels by value with its module's globals, and unpickling it on 8 fresh ranks
+    imported pytest inside the function's deadline, seconds on a loaded machine."""
+    return WARM_MODULES + (["pytest"] if "pytest" in sys.modules else []) + ["meshsim.run.warm"]
 
 
 
@@ -48,9 +55,11 @@ class Worker:
     conn: Connection
     stack_file: str
     output_file: str = ""
+    error_file: str = ""  # the rank's stderr, where it is kept apart from its stdout ("": in output_file)
     pid: int = 0
     stack_offset: int = 0
     output_offset: int = 0
+    error_offset: int = 0
     poller: Any = None
 
     def readable(self) -> bool:
@@ -63,6 +72,13 @@ class Worker:
     def new_output(self, limit: int | None = 4096) -> str:
         """What the rank printed since the last call (its last `limit` characters)."""
         text, self.output_offset = _read_since(self.output_file, self.output_offset, limit)
+        return text
+
+    def new_errors(self) -> str:
+        """What the rank wrote to stderr since the last call, where stderr has a file of its own."""
+        if not self.error_file:
+            return ""
+        text, self.error_offset = _read_since(self.error_file, self.error_offset)
         return text
 
     def new_stack(self) -> str:
@@ -101,7 +117,8 @@ class Generation:
                                       name=f"meshsim-rank{spec.rank}")
                 ignore_interrupts_while(process.start)  # the forkserver starts here the first time
                 child.close()
-                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file))
+                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,
+                                           spec.error_file or ""))
         finally:
             reader.close()
         self._await_ready(timeout_s)
@@ -183,7 +200,9 @@ class Generation:
                 if self.reaper is not None:
                     self.reaper.forget(worker.pid)
             worker.conn.close()
-            for path in (worker.stack_file, worker.output_file):
+            for path in (worker.stack_file, worker.output_file, worker.error_file):
+                if not path:
+                    continue
                 try:
                     os.unlink(path)
                 except OSError:

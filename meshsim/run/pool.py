@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ClusterError, SetupError
-from .generation import PRELOAD, Generation
+from .generation import Generation, preload
 from .rank import WorkerSpec
 from .reaper import Reaper
 
@@ -62,7 +62,7 @@ class WorkerPool:
                                    timeout=timedelta(seconds=self.start_timeout), master_listen_fd=listener.fileno())
         listener.detach()  # the store owns the socket now
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(PRELOAD)
+        self._ctx.set_forkserver_preload(preload())
         self._reaper = Reaper()
         _open_pools.add(self)
         try:

@@ -45,8 +45,9 @@ class ProcessExecutor:
     """H simulated hosts x D devices of real torch.distributed ranks, each a forked process.
 
     script=True makes bare ranks for `meshsim launch` (nothing pre-initialised; a RunScript each); `setup` runs on
-    every rank of every generation (a callable, or "module:function"); `echo(rank, text)` sees what ranks print
-    while a run goes on.
+    every rank of every generation (a callable, or "module:function"); `echo(rank, text, stream)` sees what ranks
+    print while a run goes on: stream is "output" (stdout and stderr as written), or with split_streams=True
+    "stdout" and "stderr" apart. gpus_per_host: the simulated GPUs each host shows (default one a rank).
     """
 
     tier = "process"
@@ -56,8 +57,8 @@ class ProcessExecutor:
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float | None = None,
                  start_timeout: float | None = None, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
-                 echo: Callable[[int, str], None] | None = None, coverage_dir: str | None = None,
-                 flight_recorder: str | None = None):
+                 echo: Callable[[int, str, str], None] | None = None, coverage_dir: str | None = None,
+                 flight_recorder: str | None = None, gpus_per_host: int | None = None, split_streams: bool = False):
         if topology.world > self.capabilities.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the process tier runs at most "
                                f"{self.capabilities.max_world} (larger worlds: --tier thread up to "
@@ -72,6 +73,8 @@ class ProcessExecutor:
         self.script = script
         self.simulated_gpus = simulated_gpus
         self.echo = echo
+        self.gpus_per_host = gpus_per_host
+        self.split_streams = split_streams
         self.flight_recorder = flight_recorder  # where a hung run's Flight Recorder dumps go (meshsim.run.flight)
         self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying
         self.pool = WorkerPool(self._specs, worker_main, self.start_timeout, after_start=self._after_start)
@@ -111,6 +114,14 @@ class ProcessExecutor:
         """Kill the workers; fresh ones start for the next run."""
         self.pool.restart()
 
+    def renew(self) -> None:
+        """Kill the workers and start fresh ones on a new store, as torchrun's agent restarts a failed worker group:
+        torch's env:// rendezvous keeps no attempt apart from the last in the agent's store (torch 2.13 expects a
+        new store for every attempt), and a script's ranks rendezvous on the store itself."""
+        self.pool.restart()
+        self.pool.close()
+        self.pool.start()
+
     def _specs(self, number: int, tmp: str, port: int) -> list[WorkerSpec]:
         return [
             WorkerSpec(rank, self.topology.hosts, self.topology.devices_per_host, port, f"g{number}/",
@@ -118,7 +129,8 @@ class ProcessExecutor:
                        os.path.join(tmp, f"output-{number}-{rank}"), self.start_timeout, self.script,
                        self.simulated_gpus,
                        os.path.join(self.coverage_dir, "rank") if self.coverage_dir else None,
-                       self.flight_recorder)
+                       self.flight_recorder, self.gpus_per_host,
+                       os.path.join(tmp, f"errors-{number}-{rank}") if self.split_streams else None)
             for rank in range(self.world)
         ]
 
@@ -160,8 +172,9 @@ class ProcessExecutor:
             if self.flight_recorder is not None:
                 self._dump_flight_records(generation, record)
             if record.stopped == "interrupted":
-                self.pool.restart()  # the user wants out: no fresh ranks
                 record.notes.append("interrupted (Ctrl-C): the diagnosis is of the run as it stood")
+            if record.stopped == "interrupted" or self.script:
+                self.pool.restart()  # no fresh ranks: the user wants out, or a script's ranks serve one run only
             else:
                 self.pool.refresh()
         else:
@@ -191,7 +204,7 @@ class ProcessExecutor:
             states[rank].end = STUCK
         if echo is None:  # (an echoed run has kept every word as it came)
             for worker in generation.workers:
-                states[worker.rank].output = worker.new_output()
+                states[worker.rank].output = worker.new_output() + worker.new_errors()
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(stuck), tier=self.tier,
                          stopped=stopped)
 
@@ -204,10 +217,11 @@ class ProcessExecutor:
     def _echo(self, generation: Generation, states: list[RankState]) -> None:
         assert self.echo is not None
         for worker in generation.workers:
-            text = worker.new_output(limit=None)
-            if text:
-                states[worker.rank].output += text
-                self.echo(worker.rank, text)
+            out = worker.new_output(limit=None)
+            for stream, text in (("stdout" if self.split_streams else "output", out), ("stderr", worker.new_errors())):
+                if text:
+                    states[worker.rank].output += text
+                    self.echo(worker.rank, text, stream)
 
 
 def _first_failure(record: RunRecord) -> str:

@@ -61,6 +61,8 @@ class WorkerSpec:
     simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
     coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.torch_coverage)
     flight_recorder: str | None = None  # record collectives, and dump them here on a hang (meshsim.run.flight)
+    gpus_per_host: int | None = None  # simulated GPUs a host shows (None: one a rank, devices_per_host)
+    error_file: str | None = None  # the rank's stderr apart from its stdout (torchrun's --redirects/--tee)
 
 
 def _die_with_parent() -> None:
@@ -79,14 +81,15 @@ def _name_process(name: str) -> None:
             pass
 
 
-def _capture_output(path: str) -> None:
-    """Send this rank's stdout and stderr (Python's and C++'s) to its own file, for the report."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def _capture_output(path: str, error_path: str | None = None) -> None:
+    """Send this rank's stdout and stderr (Python's and C++'s) to its own file, for the report; stderr to a file
+    of its own when `error_path` is given (where a launch must tell the streams apart)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fd, target in ((1, path), (2, error_path or path)):
+        opened = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
     # One write per line. C++ (torch's warnings, NCCL) writes to the same file; print() writes a line in pieces,
     # each a write of its own when Python is unbuffered (PYTHONUNBUFFERED, common under torchrun), or a block
     # flushed mid-line otherwise, and native output landed inside a line of the script's.
@@ -130,7 +133,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     if uses_nccl(spec.backend):
         os.environ["CUDA_VISIBLE_DEVICES"] = topology.gpu_slice(spec.rank)
-    _capture_output(spec.output_file)
+    _capture_output(spec.output_file, spec.error_file)
     stacks = open(spec.stack_file, "w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
     if spec.flight_recorder:
@@ -196,7 +199,7 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     if spec.simulated_gpus:
         from . import simgpu
 
-        simgpu.install(spec.devices_per_host)
+        simgpu.install(spec.gpus_per_host or spec.devices_per_host)
 
     progress = Progress(conn.send)
     install(progress)
@@ -204,6 +207,10 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
 
     def run(message: RunScript) -> None:
         c10d.default_pg_timeout = timedelta(seconds=torch_wait(message.deadline))
+        if message.hosts:
+            from .host import become
+
+            become(message.hosts[spec.rank])
         progress.emit(FunctionBegun("script"))
         conn.send(run_script(message))
         dispatch(conn.recv(), {Stop: lambda m: os._exit(0)})
@@ -229,10 +236,12 @@ def run_script(message: RunScript) -> ScriptDone:
 
     import torch.distributed.distributed_c10d as c10d
 
-    code, text = 0, ""
+    code, text, error, site = 0, "", "", ""
     sys.argv = [message.target] + list(message.argv)
     try:
         if message.is_module:
+            if message.launch_dir:
+                sys.path.insert(0, message.launch_dir)  # as `python -m` puts its working directory first
             _SCRIPT_REMAINS.append(runpy.run_module(message.target, run_name="__main__", alter_sys=True))
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(message.target)))
@@ -241,14 +250,44 @@ def run_script(message: RunScript) -> ScriptDone:
         _SCRIPT_REMAINS.append(exc)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+            print(exc.code, file=sys.stderr)  # as python prints sys.exit("why") on its way out
+            error, site = f"sys.exit({exc.code!r})", _script_site(exc, message)
     except BaseException as exc:  # noqa: BLE001 -- the script's failure is the result
         _SCRIPT_REMAINS.append(exc)
         code, text = 1, "".join(traceback.format_exception(exc))
+        error, site = exception_line(exc), _script_site(exc, message)
         sys.stderr.write(text)
     sys.stdout.flush()
     sys.stderr.flush()
-    return ScriptDone(code, text, c10d._world.group_count)
+    return ScriptDone(code, text, c10d._world.group_count, error, site)
+
+
+def exception_line(exc: BaseException) -> str:
+    """The exception's own "Type: message" line, as Python prints it last in a traceback: its message's first
+    line (a message of several lines, a note or a chained exception would follow it)."""
+    for part in traceback.format_exception_only(exc):
+        if not part[:1].isspace():  # (a SyntaxError prints the offending line and a caret first)
+            return part.splitlines()[0]
+    return type(exc).__name__
+
+
+def _script_site(exc: BaseException, message: RunScript) -> str:
+    """The innermost frame of the script (or the module's file) that the exception passed: "train.py:42"."""
+    script = message.target
+    if message.is_module:
+        import importlib.util
+
+        try:
+            script = getattr(importlib.util.find_spec(message.target), "origin", None) or ""
+        except (ImportError, ValueError):
+            return ""
+    places = [(frame.filename, frame.lineno) for frame in traceback.extract_tb(exc.__traceback__)]
+    if isinstance(exc, SyntaxError):  # the script did not compile: the line is the error's own
+        places.append((exc.filename or "", exc.lineno))
+    for filename, line in reversed(places):
+        if filename == script:
+            return f"{os.path.basename(filename)}:{line}"
+    return ""
 
 
 class RankSession:

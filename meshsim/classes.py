@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .model import layout as L
-from .model.dtensor import DTensorModel
+from .model.dtensor import DTensorModel, local_shapes
 from .model.expect import Err, Quirk
 from .model.mesh import WORLD_KEY, Call
 from .spec.plan import Plan
@@ -174,8 +174,8 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
         if not L.is_plan_map(obj.rank_map):
             return None  # a map made from another (a group, a rank's view): its geometry follows from that one
         return np.minimum(obj.counts(world), 2)
-    if isinstance(obj, DTensorModel):  # values and chunks follow the rank's own cell of the mesh
-        return L.geometry(obj.mesh.layout, obj.mesh.rank_map).first_cells(world)
+    if isinstance(obj, DTensorModel):
+        return _dtensor_feature(obj, world)
     if isinstance(obj, L.DimInfo):
         if not L.is_plan_map(obj.geometry.rank_map):
             return None
@@ -193,14 +193,29 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
 
 
 def _row_kinds(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """An id per row of a boolean table, equal rows alike (all rows alike: no sort at all)."""
+    """An id per row of a table, equal rows alike (all rows alike: no sort at all)."""
     if rows.size == 0 or bool((rows == rows[:1]).all()):
         return np.zeros(rows.shape[0], dtype=np.int64)
-    packed = np.ascontiguousarray(np.packbits(rows, axis=1))
-    flat = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+    packed = np.ascontiguousarray(np.packbits(rows, axis=1) if rows.dtype == np.bool_ else rows)
+    flat = packed.view(np.dtype((np.void, packed.dtype.itemsize * packed.shape[1]))).ravel()
     _, kinds = np.unique(flat, return_inverse=True)
     out: np.ndarray[Any, Any] = kinds.ravel()
     return out
+
+
+def _dtensor_feature(dt: DTensorModel, world: int) -> np.ndarray[Any, Any]:
+    """Where values are simulated, every cell of the mesh holds other values: a class each. Where they are not (a
+    mesh of more than MAX_DTENSOR_RANKS), ranks with the same local shape run a DTensor step alike."""
+    cells = L.geometry(dt.mesh.layout, dt.mesh.rank_map).first_cells(world)
+    if dt.simulated:
+        return cells
+    shape = tuple(dt.mesh.shape)
+    inside = cells >= 0
+    coords = np.stack(np.unravel_index(cells[inside] % max(1, int(np.prod(shape))), shape), axis=1)
+    shapes = local_shapes(dt.shape, dt.placements, shape, coords)
+    feature = np.zeros(world, dtype=np.int64)
+    feature[inside] = 1 + (_row_kinds(shapes) if shapes.size else 0)
+    return feature
 
 
 def composition_feature(info: L.DimInfo, label: Labels) -> np.ndarray[Any, Any] | None:

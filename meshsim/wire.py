@@ -32,6 +32,9 @@ def digest_ints(flat: bytes, shape: list[int]) -> dict[str, Any]:
 
 
 RUN_CHECK_CALL = "dtensor from_local run_check"  # the model's name for run_check's gather (a hang names it)
+DTENSOR_CALL = "dtensor"  # the model's calls of a DTensor step: "dtensor <step>", detail (torch's collective,)
+# What the model predicts of a DTensor's values on a mesh too large to simulate them (shapes and offsets it does)
+NOT_SIMULATED = "not simulated (a mesh of more than 1,024 ranks: local shapes, offsets and collectives are)"
 SHOWN_VALUES = 64  # a tensor of more values than this is observed as a digest
 
 

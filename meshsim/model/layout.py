@@ -226,6 +226,19 @@ def forget_shared() -> None:
     """Drop what the last prediction shared (a new plan's rank maps are new objects)."""
     _SHARED.clear()
     _PLAN_MAPS.clear()
+    _MEMO.clear()
+
+
+_MEMO: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+
+
+def memo(key: tuple[Any, ...], keep: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """What every rank computes alike from shared objects, once per prediction: `key` names them by id, `keep`
+    holds them alive with the entry (so no id is reused while it stands)."""
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _MEMO[key] = (keep, build())
+    return cast(T, hit[1])
 
 
 def _shared(kind: str, layout: Any, rank_map: tuple[int, ...], build: Callable[[], T]) -> T:

@@ -22,7 +22,7 @@ from ..spec.placements import (
     placement_text,
 )
 from ..spec.plan import step
-from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
+from ..wire import DTENSOR_CALL, NOT_SIMULATED, RUN_CHECK_CALL, local_observation, tensor_values
 from .registry import operation, rarely
 
 
@@ -62,20 +62,37 @@ def _dtensor(run: Any, ref: str) -> D.DTensorModel:
     return value
 
 
-def _calls(run: Any, mesh: Any, dims: list[int], what: str) -> None:
-    """The blocking calls this rank makes (so the model sees a hang when members disagree)."""
+def _calls(run: Any, mesh: Any, comms: list[tuple[int, str]], what: str) -> None:
+    """The blocking calls this rank makes, (mesh dim, the collective torch issues there) each, so the model sees a
+    hang when members disagree, and the fake tier checks the collectives a step issues (meshsim.judge)."""
     if mesh.coordinate is None:
         return
-    for d in dims:
-        run.model.collective(f"dtensor {what}", mesh.groups[d])
+    for d, comm in comms:
+        run.model.collective(f"{DTENSOR_CALL} {what}", mesh.groups[d], (comm,))
 
 
-def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shape: tuple, placements: list[tuple],
-            sim: Any) -> D.DTensorModel:
-    """A new DTensor: `sim(geo, state, order)` run for the right side and for torch's (None: not simulated)."""
+def _shared(key: tuple, keep: tuple, build: Any) -> Any:
+    """What every rank of a mesh computes alike (the whole mesh's blocks after a step), computed once per
+    prediction: `key` holds ids of the objects in `keep`, kept alive with the entry."""
+    from ..model.layout import memo
+
+    return memo(key, keep, build)
+
+
+def _derive(prev: D.DTensorModel | None, mesh: Any, geo: Any, shape: tuple, placements: list[tuple],
+            sim: Any, key: tuple | None = None) -> D.DTensorModel:
+    """A new DTensor: `sim(geo, state, order)` run for the right side and for torch's (None: not simulated). With
+    `key` (what the step is), the blocks are computed once for every rank of the mesh."""
     if geo is None:  # outside the mesh: torch keeps an empty local tensor and moves nothing
         state = {mesh.rank: D.empty_block()} if prev is None else prev.right
         return D.DTensorModel(mesh, geo, shape, placements, state, state)
+    if isinstance(geo, D.Unsimulated):  # a mesh too large for values: shapes, offsets and collectives only
+        return D.DTensorModel(mesh, geo, shape, placements, {}, None)
+    if key is not None:
+        before = (id(prev.right), id(prev.torch)) if prev is not None else (None, None)
+        made = _shared(("derive", key, id(geo), *before), (prev, geo),
+                       lambda: _derive(prev, mesh, geo, shape, placements, sim))
+        return D.DTensorModel(mesh, geo, shape, placements, made.right, made.torch)
     right_before = prev.right if prev is not None else None
     torch_before = prev.torch if prev is not None else None
     right = sim(geo, right_before, D.coordinate_order)
@@ -91,10 +108,13 @@ def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shap
     return D.DTensorModel(mesh, geo, shape, placements, right, torch)
 
 
-def _geometry(mesh: Any) -> D.Geometry | None:
+def _geometry(mesh: Any) -> Any:
+    """The mesh's geometry (None outside it), one object for every rank of a replica."""
     if not mesh.backend_ready:
         raise ModelRaise(Err("RuntimeError", "process groups not initialized"))
-    return D.geometry_of(mesh) if mesh.coordinate is not None else None
+    if mesh.coordinate is None:
+        return None
+    return _shared(("geometry", id(mesh.view), tuple(mesh.shape)), (mesh.view,), lambda: D.geometry_of(mesh))
 
 
 def model_distribute(run: Any, a: dict) -> D.DTensorModel:
@@ -103,19 +123,32 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     placements = placements_of(a, len(shape))
     D.check_placements(placements, mesh.ndim, len(shape))
     geo = _geometry(mesh)
-    _calls(run, mesh, list(range(mesh.ndim)), "distribute")
+    _calls(run, mesh, [(d, D.distribute_comm(p)) for d, p in enumerate(placements)], "distribute")
     tensor = D.arange_block(shape)
-    return _derive(None, mesh, geo, shape, placements, lambda g, _, order: D.distribute(g, tensor, placements, order))
+    return _derive(None, mesh, geo, shape, placements, lambda g, _, order: D.distribute(g, tensor, placements, order),
+                   key=("distribute", shape, tuple(placements)))
 
 
 def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple]) -> D.DTensorModel:
     if dt.geometry is None:
         return D.DTensorModel(dt.mesh, None, dt.shape, target, dt.right, dt.right)
-    moves = [(d, c, t) for d, c, t in D.greedy_transforms(dt.placements, target, tuple(dt.mesh.shape))
+    moves = [(d, D.transform_comm(c, t)) for d, c, t in D.greedy_transforms(dt.placements, target,
+                                                                             tuple(dt.mesh.shape))
              if dt.mesh.shape[d] > 1]
-    _calls(run, dt.mesh, [d for d, _, _ in moves], "redistribute")
+    _calls(run, dt.mesh, [(d, comm) for d, comm in moves if comm is not None], "redistribute")
     return _derive(dt, dt.mesh, dt.geometry, dt.shape, target,
-                   lambda g, state, order: D.redistribute(g, dt.shape, state, dt.placements, target, order))
+                   lambda g, state, order: D.redistribute(g, dt.shape, state, dt.placements, target, order),
+                   key=("redistribute", tuple(dt.placements), tuple(target)))
+
+
+def plain_observation(dt: D.DTensorModel, rank: int, whole: bool) -> Any:
+    """What `rank` observes of a plain tensor it takes out of a DTensor: its block (to_local) or the whole tensor
+    (full_tensor). Where values are not simulated, the shape alone."""
+    if not dt.simulated:
+        shape = dt.shape if whole else D.local_shape_and_offset(dt.shape, dt.placements, dt.mesh.coordinate,
+                                                                 dt.mesh.shape)[0]
+        return {"shape": list(shape), "values": NOT_SIMULATED, "contiguous": True if whole else NOT_SIMULATED}
+    return dt.observe(rank, plain_tensor_seen_by(rank))
 
 
 def plain_tensor_seen_by(rank: int) -> Any:
@@ -304,7 +337,7 @@ class FullTensor:
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         whole = model_redistribute(run, dt, [("R",)] * len(dt.placements))
-        return whole.observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
+        return plain_observation(whole, run.model.rank, whole=True)
 
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).full_tensor())
@@ -317,7 +350,7 @@ class ToLocal:
     """DTensor.to_local(): the rank's block, its shape, values and whether it is contiguous"""
 
     def model(run: Any, a: dict) -> Any:
-        return _dtensor(run, a["tensor"]).observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
+        return plain_observation(_dtensor(run, a["tensor"]), run.model.rank, whole=False)
 
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).to_local())
@@ -351,9 +384,9 @@ class FromLocal:
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
         if a.get("run_check"):
-            run_check_metadata(run, given.right, check_shape="shape" not in a)
+            run_check_metadata(run, given, check_shape="shape" not in a)
         checked = [d for d, p in enumerate(placements) if p[0] == "R"] if a.get("run_check") else []
-        _calls(run, mesh, checked, "from_local check")
+        _calls(run, mesh, [(d, "broadcast_") for d in checked], "from_local check")
 
         def sim(g: D.Geometry, blocks: D.Blocks, order: Any) -> D.Blocks:
             out = {r: D.made_contiguous(b) for r, b in blocks.items()} if checked else dict(blocks)
@@ -361,7 +394,8 @@ class FromLocal:
                 out = {r: out[order(g, r, d)[0]] for r in g.flat}
             return out
 
-        return _derive(given, mesh, geo, shape, placements, sim)
+        return _derive(given, mesh, geo, shape, placements, sim,
+                       key=("from_local", shape, tuple(placements), tuple(checked)))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.tensor import DTensor
@@ -399,24 +433,45 @@ class FromLocal:
                     out=b.fresh("t"))
 
 
-def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
+def run_check_metadata(run: Any, given: D.DTensorModel, check_shape: bool) -> None:
     """check_tensor_meta: all_gather_object of every rank's dtype (and shape and stride when from_local infers
     the global shape) over the default group, not the mesh; ValueError where they differ."""
     run.model.collective(RUN_CHECK_CALL, run.model.world_group)
-    if check_shape and len({(b.shape, b.strides or contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
+    if not check_shape:
+        return
+    metas: set[Any]
+    if given.simulated:
+        metas = {(b.shape, b.strides or contiguous_strides(b.shape)) for b in given.right.values()}
+    else:  # the members' blocks are the source's local shards (fresh blocks all have one shape)
+        metas = {tuple(row) for row in given.mesh_shapes()} if given.shape else {()}
+    if len(metas) > 1:
         raise ModelRaise(Err("ValueError", "Inconsistent tensor metadata"))
 
 
 def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> D.DTensorModel:
     """The blocks from_local receives on every member (this rank alone outside the mesh), as they should be and
     as torch holds them: a fresh block per rank, or `source`'s local blocks."""
+    mesh = run.mesh(a["mesh"])
+    if isinstance(geo, D.Unsimulated):  # this rank's block's shape alone; the members' shapes where it matters
+        if source is None:
+            return D.DTensorModel(mesh, geo, (), [], {run.model.rank: D.Block(tuple(a["local_shape"]), ())}, None)
+        mine = D.local_shape_and_offset(source.shape, source.placements, mesh.coordinate, mesh.shape)[0]
+        return D.DTensorModel(mesh, geo, source.shape, source.placements, {run.model.rank: D.Block(tuple(mine), ())},
+                              None)
     ranks = geo.flat if geo is not None else [run.model.rank]
-    torch: D.Blocks | None
-    if source is None:
-        right = torch = {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in ranks}
-    else:
-        right, torch = source.map_sides(lambda state: {r: state.get(r, D.empty_block()) for r in ranks})
-    return D.DTensorModel(run.mesh(a["mesh"]), geo, (), [], right, torch)
+
+    def blocks() -> D.DTensorModel:
+        torch: D.Blocks | None
+        if source is None:
+            right = torch = {r: D.arange_block(tuple(a["local_shape"]), rank_weight(r)) for r in ranks}
+        else:
+            right, torch = source.map_sides(lambda state: {r: state.get(r, D.empty_block()) for r in ranks})
+        return D.DTensorModel(mesh, geo, (), [], right, torch)
+
+    if geo is None:
+        return blocks()
+    what = ("fresh", tuple(a["local_shape"])) if source is None else ("from", id(source.right), id(source.torch))
+    return _shared(("from_local inputs", what, id(geo)), (source, geo), blocks)
 
 
 @operation("sum", "dtensor", {"tensor": F.DTENSOR, "dim": F.TENSOR_DIM}, required=("tensor", "dim"),
@@ -440,7 +495,8 @@ class Sum:
         if dt.geometry is None:  # outside the mesh DTensor's dispatch makes a default local: zeros(()) or []
             local = {run.model.rank: D.Block((), (0.0,)) if not shape else D.empty_block()}
             return D.DTensorModel(dt.mesh, None, shape, placements, local, local)
-        state, torch = dt.map_sides(lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()})
+        state, torch = _shared(("sum", dim, id(dt.right), id(dt.torch)), (dt,), lambda: dt.map_sides(
+            lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()}))
         return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch)
 
     def torch(ex: Any, a: dict) -> Any:

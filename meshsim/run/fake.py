@@ -6,8 +6,10 @@ builds the meshes, groups, coordinates and flatten/slice/unflatten results torch
 Two worker processes (the machine's two cores) take alternate ranks of the sample; each rank starts from a
 fresh default group.
 
-What it cannot check, and says so in the report: collective results (the fake group moves no data: they
-are observed as meshsim.wire.UNMOVED) and hangs (no call ever waits).
+What it cannot check, and says so in the report: collective results and DTensor values (the fake group moves
+no data: they are observed as meshsim.wire.UNMOVED) and hangs (no call ever waits). DTensor steps are checked
+for what needs no data: every rank's local shape, global offset and placements, and the collectives a
+distribute, redistribute or full_tensor issues, as torch's CommDebugMode counts them.
 
 One shortcut, for speed at scale: DeviceMesh calls new_group for every group of every dim on every rank
 (6,144 calls per rank for a (16,16,8,8) mesh), so a rank's cost grew with the world. For a valid group that
@@ -48,6 +50,7 @@ from ..wire import (
     digest_ints,
     dispatch,
     encoded,
+    is_error,
 )
 from .follow import Hosted, follow
 from .generation import Generation
@@ -64,6 +67,7 @@ from .rank import (
 from .threads import RankEnded
 
 DIGEST_OVER = 256  # mesh views larger than this travel as a digest (the model's view is digested the same way)
+COUNTED = ("distribute", "redistribute", "full_tensor")  # DTensor steps whose collectives are counted
 WORKERS = 2
 
 
@@ -90,11 +94,21 @@ class FakeInterpreter(Interpreter):
         return digest_ints(tensor.to(torch.int64).contiguous().numpy().tobytes(), list(tensor.shape))
 
     def step(self, st: Any, args: dict) -> Any:
-        if operation_of(st).role == "dtensor":
-            # DTensor's functional collectives resolve groups by name, and this process re-creates the world for
-            # each rank it plays: a later rank's names point at groups of an earlier one. Not checked here.
-            return UNMOVED
-        return super().step(st, args)
+        """A DTensor step runs as on any tier, with no data moved: its local shapes and offsets are torch's, its
+        values are not (UNMOVED), and the collectives it issues are counted by torch's CommDebugMode."""
+        if operation_of(st).role != "dtensor":
+            return super().step(st, args)
+        from torch.distributed.tensor.debug import CommDebugMode
+
+        with CommDebugMode() as comms:
+            observed = super().step(st, args)
+        if st.op in COUNTED and isinstance(observed, dict) and not is_error(observed):
+            observed = dict(observed, comms={str(op).rpartition(".")[2]: n
+                                             for op, n in sorted(comms.get_comm_counts().items(), key=str)})
+        return observed
+
+    def values_of(self, tensor: Any) -> Any:
+        return UNMOVED  # nothing moved: a DTensor's values here are whatever torch allocated
 
     def exit(self, code: int) -> None:
         raise RankEnded(code)
@@ -177,7 +191,10 @@ def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.tensor.debug  # noqa: F401 -- CommDebugMode, whose import pulls in inductor: not per rank
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from .interpreter import forget_dtensor_caches
 
     torch.set_num_threads(1)
     world = spec.hosts * spec.devices_per_host
@@ -197,6 +214,7 @@ def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
                 result = RankDied(ended.code)
             finally:
                 interpreter.handles.clear()
+                forget_dtensor_caches()  # they hold meshes and group names of the world just destroyed
                 dist.destroy_process_group()
             conn.send_bytes(encoded(FromRank(rank, result)))
 
@@ -300,8 +318,9 @@ class FakeExecutor:
                            tier=self.tier, stopped=stopped,
                            checked=None if len(self.sample) == self.world else list(self.sample),
                            moves_data=False)
-        record.notes.append("fake tier: collective results are not checked (torch's fake process group moves "
-                            "no data), and hangs cannot happen (no call waits)")
+        record.notes.append("fake tier: collective results and DTensor values are not checked (torch's fake "
+                            "process group moves no data; DTensor local shapes, offsets and collectives are), and "
+                            "hangs cannot happen (no call waits)")
         if record.checked is not None:
             record.notes.append(f"fake tier: {len(self.sample)} of {self.world} ranks checked (hosts' first "
                                 "and last ranks first, then a seeded spread of the rest)")

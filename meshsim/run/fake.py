@@ -135,7 +135,10 @@ def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:
 
     def init_one_process_group(sub_layout: Any, rank_map: Any, dim_name: str, backend_override: Any) -> Any:
         world = c10d._get_default_group().size()
-        if backend_override != (None, None) or sub_layout.numel() == world:
+        if backend_override != (None, None):  # a backend named for a dim: here every group is a fake one too
+            backend, options = backend_override
+            return real(sub_layout, rank_map, dim_name, ("fake" if backend is not None else None, options))
+        if sub_layout.numel() == world:
             return real(sub_layout, rank_map, dim_name, backend_override)
         rows = dm._MeshLayout([sub_layout]).remap_to_tensor(rank_map)
         bad = rows.size(0) if _distinct_in_world(rank_map, world) else _first_invalid(rows, world)

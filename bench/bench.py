@@ -5,8 +5,7 @@
 
 start   cluster ready time for W = 4, 8, 16, 32 (fresh process: forkserver + torch import included),
         next to torch.multiprocessing spawn of the same ranks joining a gloo world
-plans   plans/s at W = 8 for a mix of 2-D and 3-D meshes with a check step, next to the same torch calls
-        in a raw loop on persistent ranks (no harness), and a spawn-per-test harness
+plans   plans/s at W = 8 next to the same torch calls in a raw loop (bench/process.py), and spawn-per-test
 fuzz    generated examples/s at W = 8 and W = 16
 sweep   the default sweep at W = 8 by seed: branch coverage per torch file, examples/s next to the same sweep
         without DTensor steps, the produced-and-checked matrix, seeded DTensor and DeviceMesh bugs caught
@@ -15,8 +14,10 @@ memory  worker RSS and PSS (shared pages split) at W = 8
 launch  each example script under `meshsim launch` (unchanged, simulated GPUs) next to `torchrun --standalone` of
         it on CPU/gloo (a device edit): wall time and per-step time (goal <= 1.2x), and a hang's time to diagnosis
         (goal <= deadline + 1 s)
-tiers   thread tier at W=64 next to a raw threaded-group loop and the process tier; fake tier at 4,096 ranks
-        next to a raw fake-group loop; the model tier at 102,400 ranks (`tiers-big` adds 16,384 fake ranks)
+tiers   the thread, fake and model sections of `python -m bench` (bench/thread.py, fake.py, model.py)
+
+`python -m bench` runs the sections that carry goals (process, thread, fake, model, launch, memory) in one run,
+with JSON output and comparison; see bench/__main__.py.
 """
 
 from __future__ import annotations
@@ -31,10 +32,8 @@ import time
 from datetime import timedelta
 
 from launch_vs_torchrun import launch_section
-from raw import check_collectives, destroy_new_groups
 from rich.console import Console
 from rich.table import Table
-from tiers import tiers_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")  # the injected bugs live with the tests (faults.py)
@@ -104,48 +103,6 @@ def spawn_join(world: int) -> None:
 
 # --------------------------------------------------------------------------------------------- plans
 
-def _raw_rank(rank: int, world: int, port: int, count: int, out: dict) -> None:
-    """The torch calls meshsim makes for a plan, in a bare loop: build, check every dim, barrier, destroy."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    baseline = set(c10d._world.pg_map)
-    dist.barrier()
-    started = time.monotonic()
-    for i in range(count):
-        shape, names = SHAPES[i % 2]
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        for d in range(mesh.ndim):
-            check_collectives(mesh.get_group(d), rank, world)
-        dist.barrier()
-        destroy_new_groups(mesh, baseline)
-    dist.barrier()
-    if rank == 0:
-        out["rate"] = count / (time.monotonic() - started)
-    dist.destroy_process_group()
-
-
-def raw_loop(world: int, count: int) -> float:
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("forkserver")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = ctx.Manager()
-    out = manager.dict()
-    procs = [ctx.Process(target=_raw_rank, args=(r, world, store.port, count, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    return out["rate"]
-
-
 def _spawn_test_rank(rank: int, world: int, port: int) -> None:
     import torch
     import torch.distributed as dist
@@ -171,35 +128,15 @@ def spawn_per_test(world: int) -> float:
     return time.monotonic() - started
 
 
-def plans_section(count: int = 60) -> None:
-    from meshsim import Cluster, Plan, Topology, step
+def plans_section() -> None:
+    """The process section of `python -m bench` (plans/s at W = 8 next to the raw loop), and a spawn-per-test
+    harness beside them."""
+    from figures import table
+    from process import run
 
-    plans = [Plan((step("init_device_mesh", shape=list(s), names=list(n), out="m"), step("check", mesh="m")))
-             for s, n in SHAPES]
-    rates, raws = [], []
-    with Cluster(Topology(2, 4)) as cluster:
-        for p in plans:  # warm both shapes
-            cluster.run(p)
-        for _ in range(ROUNDS):
-            started = time.monotonic()
-            for i in range(count):
-                assert cluster.run(plans[i % 2]).passed
-            rates.append(count / (time.monotonic() - started))
-            raws.append(raw_loop(8, count))
+    console.print(table(run(), "process tier"))
     spawn = [spawn_per_test(8) for _ in range(2)]
-    ours, raw = statistics.median(rates), statistics.median(raws)
-    table = Table(title=f"Plans per second at W = 8 (2x4), {count} plans x {ROUNDS} rounds, medians; (2,4) and (2,2,2) "
-                        "meshes, each with a check step (3 collectives per dim)")
-    for col in ("harness", "plans/s", "vs raw loop"):
-        table.add_column(col, justify="right")
-    table.add_row("raw torch loop (persistent ranks, no checks)", f"{raw:.1f}", "1.00")
-    table.add_row("meshsim (model + verdict per plan)", f"{ours:.1f}", f"{ours / raw:.2f}")
-    spawn_rate = 1 / statistics.median(spawn)
-    table.add_row("spawn per test (8 ranks)", f"{spawn_rate:.2f}", f"{spawn_rate / raw:.3f}")
-    console.print(table)
-    console.print(f"  rounds: meshsim {', '.join(f'{r:.1f}' for r in rates)}; "
-                  f"raw {', '.join(f'{r:.1f}' for r in raws)}; "
-                  f"spawn-per-test {', '.join(f'{s:.1f} s' for s in spawn)}")
+    console.print(f"  spawn per test (8 ranks): {', '.join(f'{s:.1f} s' for s in spawn)} a test")
 
 
 # --------------------------------------------------------------------------------------------- fuzz
@@ -407,8 +344,18 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
 
 SECTIONS = {"start": start_section, "launch": lambda: launch_section(console), "plans": plans_section,
             "fuzz": fuzz_section, "dtensor": dtensor_section, "sweep": sweep_section, "find": find_section,
-            "memory": memory_section, "tiers": lambda: tiers_section(console),
-            "tiers-big": lambda: tiers_section(console, big=True), "soak": soak_section}
+            "memory": memory_section, "tiers": lambda: tiers_section(), "soak": soak_section}
+
+
+def tiers_section() -> None:
+    """The thread, fake and model sections of `python -m bench`."""
+    import fake
+    import model
+    import thread
+    from figures import table
+
+    for name, section in (("thread tier", thread), ("fake tier", fake), ("model tier", model)):
+        console.print(table(section.run(), name))
 
 if __name__ == "__main__":
     sys.path[:0] = [HERE, TESTS]  # before the first cluster: its workers import from both

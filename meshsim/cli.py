@@ -112,8 +112,9 @@ def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, wh
                         help=f"seconds each plan may take before it is called a hang ({default})")
     parser.add_argument("--setup", metavar="MODULE:FUNCTION",
                         help="a function every rank runs after it joins (e.g. to install a patched DeviceMesh)")
-    parser.add_argument("--start-timeout", type=_deadline, default=START_S,
-                        help=f"seconds the ranks and the setup function may take to be ready (default {START_S:g})")
+    parser.add_argument("--start-timeout", type=_deadline, default=None,
+                        help=f"seconds the ranks and the setup function may take to be ready (default {START_S:g}, "
+                             "more for many thread ranks)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,14 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--coverage", action="store_true",
                     help="measure line and branch coverage of torch's DeviceMesh and DTensor files in the ranks "
                          "(process tier), and print per file what was never reached")
-    _cluster_options(fz, deadline=PLAN_S)
+    _cluster_options(fz, deadline=None, what=f"default {PLAN_S:g}, more for more ranks on a tier")
     _tier_options(fz)
 
     run = sub.add_parser("run", help="run scenario files and check that each ends as it expects")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="print results as JSON")
     run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
-    _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}")
+    _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}, more for "
+                                              "more ranks on a tier")
     _tier_options(run)
 
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
@@ -272,20 +274,21 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     )
 
     from .fuzz import fuzz
-    from .report import render_draws, render_produced, render_reach, render_result
+    from .report import RunWatch, render_draws, render_produced, render_reach, render_result
     from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
     writable_dir(args.save, "--save")
     out = make_console()
     err = make_console(stderr=True)
-    columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
     measured = tempfile.TemporaryDirectory(prefix="meshsim-coverage-") if args.coverage else None
     options = {"coverage_dir": measured.name} if measured else {}
-    with _open(topology, args, args.deadline, **options) as cluster, \
-            Progress(*columns, console=err, transient=True, disable=args.json) as progress:
-        task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
+    with Progress(*columns, console=err, transient=True, disable=args.json) as progress, \
+            _open(topology, args, args.deadline, watch=RunWatch(progress, "  this plan's ranks", note=""),
+                  **options) as cluster:
+        task = progress.add_task(f"fuzz {topology}", total=args.examples, note="")
         started = time.monotonic()
 
         said = [0.0]  # when a console that is not a terminal last got a line about shrinking
@@ -349,12 +352,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     clusters: dict[Any, Any] = {}
     last_use = {sc.topology: index for index, sc in enumerate(scenarios)}
     try:
-        with progress_bar("scenarios", len(scenarios), disable=args.json or len(scenarios) < 2) as step:
+        with progress_bar("scenarios", len(scenarios), disable=args.json) as step:
             for index, sc in enumerate(scenarios):
                 cluster = clusters.get(sc.topology)
                 if cluster is None:
-                    cluster = clusters[sc.topology] = _open(sc.topology, args, sc.deadline).start()
-                result = cluster.run(sc.plan, deadline=sc.deadline)
+                    cluster = clusters[sc.topology] = _open(sc.topology, args, sc.on_tier(args.tier),
+                                                            watch=step.watch).start()
+                result = cluster.run(sc.plan, deadline=sc.on_tier(args.tier))
                 if last_use[sc.topology] == index:  # no file left needs these workers
                     clusters.pop(sc.topology).close()
                 run = judge_scenario(sc, result)

@@ -110,10 +110,10 @@ class Shrinking:
         return min((len(r.plan.steps) for r in self.failures.values()), default=None)
 
 
-def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = deadlines.PLAN_S,
+def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float | None = None,
          max_steps: int = 6, divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
          on_example: Callable[[FuzzReport, Any], None] | None = None,
-         expected_hang_deadline: float = deadlines.EXPECTED_HANG_S,
+         expected_hang_deadline: float | None = None,
          shrink_budget: float = deadlines.SHRINK_S) -> FuzzReport:
     """Run `examples` plans: the matrix plans first (every redistribute cell, every derived mesh kind), then
     generated ones; stop at the first disagreement and shrink it (within `shrink_budget`).
@@ -121,12 +121,17 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
     deadline would only confirm the prediction more slowly.
     """
+    tier = getattr(cluster, "tier", "process")
+    if deadline is None:
+        deadline = getattr(cluster, "deadline", None) or deadlines.plan(tier, cluster.world)
+    if expected_hang_deadline is None:
+        expected_hang_deadline = deadlines.expected_hang(tier, cluster.world)
     sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example)
     report = sweep.report
     strategy = plans(sweep.world, max_steps=max_steps, device=cluster.platform.device)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(sweep.world))
-    runs_dtensor = capabilities(getattr(cluster, "tier", "process")).dtensor
+    runs_dtensor = capabilities(tier).dtensor
     first = matrix_plans(sweep.world)[:max(0, examples - 1)] if runs_dtensor and sweep.world > 1 else []
     for chunk, count in enumerate(_chunks(examples - len(first))):  # the matrix plans count among the examples
         test = given(strategy)(sweep.torch_agrees_with_model)
@@ -177,7 +182,8 @@ class _Sweep:
     def attempt(self, plan: Any) -> Any:
         """Run `plan` against the model, count it, and remember it when it fails."""
         shrink = self.shrink
-        prediction = prediction_for(plan, self.world, self.deadline, self.cluster.platform)
+        prediction = prediction_for(plan, self.world, self.deadline, self.cluster.platform,
+                                    getattr(self.cluster, "by_class", False))
         wait = self.deadline
         if torch_side(prediction.outcome) in (HANG, UNDEFINED):
             wait = min(wait, self.expected_hang_deadline)

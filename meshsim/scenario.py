@@ -45,6 +45,11 @@ class Scenario:
     expect: Expect = field(default_factory=Expect)
     description: str = ""
     path: str = ""
+    deadline_given: bool = True  # False: the file names none (DEFAULT_DEADLINE, grown for a larger tier: on_tier)
+
+    def on_tier(self, tier: str) -> float:
+        """The deadline to run this scenario with on a tier: its own, or the default grown with the tier and world."""
+        return self.deadline if self.deadline_given else deadlines.plan(tier, self.topology.world, self.deadline)
 
     def to_toml(self) -> str:
         data: dict[str, Any] = {"name": self.name}
@@ -111,7 +116,8 @@ def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario
         if not isinstance(data.get(key, ""), str):
             raise ScenarioError(f"{key} must be a string, got {data[key]!r}")
     name = data.get("name") or Path(path).stem or "scenario"
-    return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path)
+    return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path,
+                    deadline_given=deadline is not None or "deadline" in data)
 
 
 def _expect(raw: Any, world: int) -> Expect:

@@ -212,6 +212,9 @@ def _submesh_of_submesh(draw: Any, b: _Builder, handle: str, mesh: MeshModel, al
     b.add(step("check", mesh=handle))
 
 
+HAND_MADE_GROUPS = 64
+
+
 @st.composite
 def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """new_group for every group along some dims of a mesh, then DeviceMesh.from_group over those handles."""
@@ -220,6 +223,8 @@ def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
     if mesh.root is not None or isinstance(mesh.view, Exception) or not mesh.ndim or mesh.coordinate is None:
         return
     dims = sorted(draw(st.sets(st.integers(0, mesh.ndim - 1), min_size=1, max_size=mesh.ndim)))
+    if sum(b.world // mesh.shape[d] for d in dims) > HAND_MADE_GROUPS:
+        return  # a new_group step for each of thousands of groups: a plan too long to mean anything more
     choices = []
     for d in dims:
         handles = []

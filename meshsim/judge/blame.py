@@ -21,9 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranks import ranks_text
+from ..ranks import group_text, ranks_text
 from ..record import RankState, RunRecord
-from ..wire import DIED, RAISED, STUCK, CallBegun
+from ..wire import DIED, FINISHED, RAISED, STUCK, CallBegun
 
 KINDS = {
     "dead": "dead rank",
@@ -130,7 +130,7 @@ def _waiting_for(held: dict[int, CallBegun], culprits: list[int]) -> dict[int, s
     out = {}
     for rank, call in held.items():
         if rank not in culprits:
-            out[rank] = f"waits in {call.kind} on group {list(call.ranks)}"
+            out[rank] = f"waits in {call.kind} on group {group_text(call.ranks)}"
     return out
 
 
@@ -273,7 +273,7 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
     state = states[m]
     count = state.calls_on.get(call.group, 0)
     wanted = order.key(call.group, count)
-    missed = f"{call.kind} #{count} on group {list(call.ranks)}"
+    missed = f"{call.kind} #{count} on group {group_text(call.ranks)}"
     held = blocked_call(state)
     if held is None:
         later = [(g, q) for g, q in state.issued if order.precedes(wanted, order.key(g, q))]
@@ -281,13 +281,13 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
             text = f"rank {m} skipped {missed}: it made {_describe(state, *later[0])}, which the others make after it"
             return Cause(m, KINDS["skipped"], text, call.group, count)
         if state.end == STUCK:
-            text = (f"rank {m} is in no collective, {count} calls into group {list(call.ranks)} where its peers wait "
-                    f"in #{call.seq}")
+            text = (f"rank {m} is in no collective, {count} calls into group {group_text(call.ranks)} where its peers "
+                    f"wait in #{call.seq}")
             return Cause(m, KINDS["straggler"], text, call.group, count)
-        text = f"rank {m} {state.where} after {count} calls on group {list(call.ranks)}, where its peers wait"
+        text = f"rank {m} {state.where} after {count} calls on group {group_text(call.ranks)}, where its peers wait"
         return Cause(m, KINDS["left"], text, call.group, count)
     if order.precedes(wanted, order.key(held.group, held.seq)):
-        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {list(held.ranks)}, "
+        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {group_text(held.ranks)}, "
                 "which the others make after it, and waits there")
         return Cause(m, KINDS["skipped"], text, call.group, count)
     return None
@@ -332,7 +332,7 @@ def _ahead(states: list[RankState], group: str, seq: int, entry: Any, camps: dic
 def _parted(states: list[RankState], call: CallBegun, seq: int, camps: dict[Any, list[int]],
             divergent: set[int]) -> list[Cause]:
     """At one position of the group, members made different calls: who parted from whom, if anyone."""
-    group = f"group {list(call.ranks)}"
+    group = f"group {group_text(call.ranks)}"
     skipped = [entry for entry in camps if _ahead(states, call.group, seq, entry, camps)]
     if len(skipped) == 1:  # its call there is the one every other camp makes next
         norm = next(e for e in camps if e != skipped[0])
@@ -382,9 +382,9 @@ def _cycle(order: _StateOrder, held: dict[int, CallBegun], upstream: dict[int, s
             first = order.precedes(their_key, mine_key)
             if first is False or (first is None and waiting[their_key] > waiting[mine_key]):
                 continue
-            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {list(theirs.ranks)} while rank {rank} "
-                    f"waits for it in {call.kind} #{call.seq} on group {list(call.ranks)}: the two make these calls "
-                    "in opposite orders")
+            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {group_text(theirs.ranks)} while rank "
+                    f"{rank} waits for it in {call.kind} #{call.seq} on group {group_text(call.ranks)}: the two make "
+                    "these calls in opposite orders")
             blamed.setdefault(m, Cause(m, KINDS["reordered"], text, call.group, call.seq))
     if divergent & set(blamed):
         blamed = {r: c for r, c in blamed.items() if r in divergent}
@@ -399,7 +399,7 @@ def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list
         if rank in culprits:
             continue
         verb = "raised in" if states[rank].end == RAISED else "waits in"
-        out[rank] = f"{verb} {call.kind} #{call.seq} on group {list(call.ranks)}"
+        out[rank] = f"{verb} {call.kind} #{call.seq} on group {group_text(call.ranks)}"
     pairings: dict[int, list[str]] = {}
     for culprit in culprits:
         for (group, seq), (site, kind) in sorted(states[culprit].call_log.items()):
@@ -411,7 +411,8 @@ def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list
                     f"{theirs[1]} #{seq} at {_site(theirs[0])} paired with rank {culprit}'s {kind} at {_site(site)}")
     for m, pairs in pairings.items():
         more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
-        out[m] = (out.get(m, "finished") + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
+        now = out.get(m) or ("finished" if states[m].end == FINISHED and states[m].done else states[m].where)
+        out[m] = (now + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
                   "because its partner skipped or added a call")
     return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import torch_side
-from ..ranks import ranks_text
+from ..ranks import group_text, ranks_text
 from ..record import RankState, RunRecord
 from ..wire import DIED, RAISED
 from .blame import KINDS, blame, blocked_call, missing_from
@@ -73,6 +73,8 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []
     collided = prediction.collided if prediction is not None else []
     found = blame(record, divergent, sizes, collided)
+    if record.classes is not None:  # the ranks of a culprit's class run as it does: culprits all
+        found.culprits = record.classes.expand(found.culprits)
     note = found.note
     if sizes:
         call = prediction.mismatched[0][0]
@@ -186,7 +188,7 @@ def _summary(d: Diagnosis, states: list[RankState]) -> str:
         at += f" at {w.site}"
     verb = "raised" if w.raised else "waits"
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} {verb} in {w.call} #{w.seq} on group "
-            f"{w.group_ranks}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
+            f"{group_text(w.group_ranks)}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
 
 
 def _lead(ranks: list[int], states: list[RankState], most: int = 3) -> str:

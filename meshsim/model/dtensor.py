@@ -37,7 +37,7 @@ from ..spec.placements import (
     parse_placement,
     placement_text,
 )
-from ..wire import local_observation, tensor_values
+from ..wire import NOT_SIMULATED, local_observation, tensor_values
 from . import layout as L
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
@@ -46,7 +46,11 @@ __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_st
 
 T = TypeVar("T")
 
-MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
+# Values are simulated for meshes up to the thread tier's largest world: the whole mesh once per step, shared by
+# every rank (meshsim.ops.dtensor memoizes it). A larger mesh (the fake and model tiers, to a million ranks) is
+# predicted without values: each rank's local shape and global offset follow from its coordinate alone, and the
+# collectives each step issues from its placements.
+MAX_DTENSOR_RANKS = 1024
 FINDING = "dtensor-chunk-by-group-rank"
 MERGED = "dtensor-merged-collective-on-flattened-mesh"
 CONTRADICTED = "from-group-groups-contradict-mesh"
@@ -233,10 +237,58 @@ class Geometry:
 
     def scrambled(self, dim: int) -> bool:
         """Whether some group along `dim` has a group-rank order other than its coordinate order."""
-        return any(self.line(r, dim) != sorted(self.line(r, dim)) for r in self.flat)
+        known = self.__dict__.setdefault("_scrambled", {})
+        if dim not in known:
+            known[dim] = any(self.line(r, dim) != sorted(self.line(r, dim)) for r in self.flat)
+        return bool(known[dim])
+
+
+class Unsimulated:
+    """The geometry of a mesh too large to simulate values on: its shape alone."""
+
+    flat: tuple[int, ...] = ()
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+
+    def scrambled(self, dim: int) -> bool:
+        return False
 
 
 Order = Callable[[Geometry, int, Any], list[int]]
+
+# The collectives DTensor issues (as torch's CommDebugMode counts them, torch 2.13 on a CPU group): distribute_tensor
+# scatters a Shard and broadcasts the rest along every mesh dim; a redistribute issues one per transform on a mesh
+# dim of more than one rank (Shard -> Shard gathers too: the CPU group has no all_to_all), none for Replicate ->
+# Shard (a local chunk).
+TRANSFORM_COMMS = {("S", "R"): "all_gather_into_tensor", ("S", "S"): "all_gather_into_tensor",
+                   ("P", "R"): "all_reduce", ("P", "S"): "reduce_scatter_tensor"}
+
+
+def distribute_comm(p: Placement) -> str:
+    return "scatter_" if p[0] == "S" else "broadcast_"
+
+
+def transform_comm(current: Placement, target: Placement) -> str | None:
+    return None if current == target else TRANSFORM_COMMS.get((current[0], target[0]))
+
+
+def local_shapes(shape: tuple[int, ...], placements: list[Placement], mesh_shape: tuple[int, ...],
+                 coordinates: Any) -> Any:
+    """local_shape_and_offset's local shapes for many coordinates at once (numpy: an array of coordinates, one row
+    each): nested chunking in mesh-dim order, torch.chunk's ceil-sized chunks."""
+    import numpy as np
+
+    coords = np.asarray(coordinates, dtype=np.int64).reshape(-1, len(mesh_shape))
+    local = np.tile(np.asarray(shape, dtype=np.int64), (coords.shape[0], 1))
+    for i, p in enumerate(placements):
+        if p[0] != "S":
+            continue
+        size, k = local[:, p[1]], mesh_shape[i]
+        chunk = -(-size // k)  # ceil
+        start = np.minimum(coords[:, i] * chunk, size)
+        local[:, p[1]] = np.clip(size - start, 0, chunk)
+    return local
 
 
 def coordinate_order(geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> list[int]:
@@ -552,7 +604,7 @@ class DTensorModel:
     (torch None: the model does not simulate torch here)."""
 
     mesh: Any  # MeshModel
-    geometry: Geometry | None  # None on a rank outside the mesh
+    geometry: Geometry | Unsimulated | None  # None on a rank outside the mesh
     shape: tuple[int, ...]
     placements: list[Placement]
     right: dict[int, Block]
@@ -573,11 +625,36 @@ class DTensorModel:
         torch = run(self.torch)
         return right if right == torch else Quirk(right, torch, self.finding)
 
+    @property
+    def simulated(self) -> bool:
+        """Whether the blocks (values) are simulated; a mesh of more than MAX_DTENSOR_RANKS is not."""
+        return not isinstance(self.geometry, Unsimulated)
+
+    def mesh_shapes(self) -> Any:
+        """The distinct local shapes across the mesh (rows), from coordinates near every chunk boundary: enough to
+        tell whether the members' shards differ, without a million coordinates."""
+        import itertools
+
+        candidates = []
+        for k in self.mesh.shape:
+            near = {0, 1, k - 2, k - 1}
+            for n in set(self.shape):
+                for c in (-(-n // k) if k else 0,):
+                    if c:
+                        near |= {n // c - 1, n // c, n // c + 1}
+            candidates.append(sorted(c for c in near if 0 <= c < k))
+        coords = list(itertools.product(*candidates))
+        import numpy as np
+
+        return np.unique(local_shapes(self.shape, self.placements, tuple(self.mesh.shape), coords), axis=0)
+
     def observation(self, rank: int) -> Any:
         """What `rank` sees of this DTensor: the spec, its block's shape and values, and its global offset."""
         coordinate = self.mesh.coordinate
         local_shape, offset = local_shape_and_offset(self.shape, self.placements, coordinate, self.mesh.shape)
         texts = [placement_text(p) for p in self.placements]
+        if not self.simulated:
+            return local_observation(local_shape, NOT_SIMULATED, offset, texts, self.shape)
 
         def seen(state: dict[int, Block]) -> Any:
             block = state.get(rank, empty_block())
@@ -635,9 +712,9 @@ def contradicted(mesh: Any, geo: Geometry, rank: int) -> bool:
                for d in range(len(geo.shape)))
 
 
-def geometry_of(mesh: Any) -> Geometry:
+def geometry_of(mesh: Any) -> Geometry | Unsimulated:
     if mesh.coordinate is None or not isinstance(mesh.view, list):
         raise ModelRaise(Err(None, ""))
-    if len(flatten_layout(mesh.view)) > MAX_DTENSOR_RANKS:
-        raise ValueError(f"meshsim's DTensor model simulates meshes of up to {MAX_DTENSOR_RANKS} ranks")
+    if math.prod(mesh.shape) > MAX_DTENSOR_RANKS:
+        return Unsimulated(tuple(mesh.shape))
     return Geometry(mesh.view, tuple(mesh.shape))

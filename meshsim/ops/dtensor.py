@@ -22,7 +22,7 @@ from ..spec.placements import (
     placement_text,
 )
 from ..spec.plan import step
-from ..wire import RUN_CHECK_CALL, local_observation, tensor_values
+from ..wire import DTENSOR_CALL, NOT_SIMULATED, RUN_CHECK_CALL, local_observation, tensor_values
 from .registry import operation, rarely
 
 
@@ -62,12 +62,13 @@ def _dtensor(run: Any, ref: str) -> D.DTensorModel:
     return value
 
 
-def _calls(run: Any, mesh: Any, dims: list[int], what: str, detail: tuple = ()) -> None:
-    """The blocking calls this rank makes, one per mesh dim (so the model sees a hang when members disagree)."""
+def _calls(run: Any, mesh: Any, comms: list[tuple[int, str]], what: str, detail: tuple = ()) -> None:
+    """The blocking calls this rank makes, (mesh dim, the collective torch issues there) each: the model sees a
+    hang when members disagree, and the fake tier checks the collectives a step issues (meshsim.judge)."""
     if mesh.coordinate is None:
         return
-    for d in dims:
-        run.model.collective(f"dtensor {what}", mesh.groups[d], detail)
+    for d, comm in comms:
+        run.model.collective(f"{DTENSOR_CALL} {what}", mesh.groups[d], (comm, *detail))
 
 
 def _move_calls(run: Any, mesh: Any, moves: list[D.Move], what: str, mismatch: D.SizeMismatch | None = None) -> None:
@@ -75,10 +76,11 @@ def _move_calls(run: Any, mesh: Any, moves: list[D.Move], what: str, mismatch: D
     the one whose members pass different sizes (its detail says which size this rank passed)."""
     for move in moves:
         group = mesh.groups[move.dims[0]] if len(move.dims) == 1 else D.flattened_mesh(mesh, move.dims).groups[0]
+        comm = D.transform_comm(move.current, move.target)
         if mismatch is not None and set(mismatch.dims) <= set(move.dims):
-            run.model.collective(f"dtensor {what}", group, ("sizes", mismatch.sent.get(run.model.rank)))
+            run.model.collective(f"{DTENSOR_CALL} {what}", group, (comm, "sizes", mismatch.sent.get(run.model.rank)))
             return
-        run.model.collective(f"dtensor {what}", group)
+        run.model.collective(f"{DTENSOR_CALL} {what}", group, (comm,))
 
 
 class _Flattened:
@@ -97,8 +99,8 @@ class _Unsimulated(Exception):
     """torch's side of a step the model does not simulate (members would plan it differently)."""
 
 
-def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shape: tuple, placements: list[tuple],
-            sim: Any, key: Any = None) -> D.DTensorModel:
+def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | D.Unsimulated | None, shape: tuple,
+            placements: list[tuple], sim: Any, key: Any = None) -> D.DTensorModel:
     """A new DTensor: `sim(geo, state, order, flattened)` run for the right side (coordinate order, dim by dim) and
     for torch's (group-rank order, collectives merged onto the root's flattened meshes; None: not simulated).
     `key`: what else the simulation depends on (the step and its arguments), so that the ranks of a prediction
@@ -106,6 +108,8 @@ def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | None, shap
     if geo is None:  # outside the mesh: torch keeps an empty local tensor and moves nothing
         state = {mesh.rank: D.empty_block()} if prev is None else prev.right
         return D.DTensorModel(mesh, geo, shape, placements, state, state)
+    if isinstance(geo, D.Unsimulated):  # a mesh too large for values: shapes, offsets and collectives only
+        return D.DTensorModel(mesh, geo, shape, placements, {}, None)
     if key is None:
         return _simulated(prev, mesh, geo, shape, placements, sim)
     inputs = (prev.right, prev.torch) if prev is not None else ()
@@ -146,8 +150,11 @@ def _simulated(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry, shape: t
     return D.DTensorModel(mesh, geo, shape, placements, right, torch, finding, beliefs)
 
 
-def _geometry(mesh: Any) -> D.Geometry | None:
-    return D.geometry_of(mesh) if mesh.coordinate is not None else None
+def _geometry(mesh: Any) -> D.Geometry | D.Unsimulated | None:
+    """The mesh's geometry (None outside it), one object for every rank of a replica."""
+    if mesh.coordinate is None:
+        return None
+    return D.shared_sim(("geometry", id(mesh.view), tuple(mesh.shape)), (mesh.view,), lambda: D.geometry_of(mesh))
 
 
 def _groups_needed(mesh: Any) -> None:
@@ -164,7 +171,7 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     D.check_placements(placements, mesh.ndim, len(shape))
     _groups_needed(mesh)
     geo = _geometry(mesh)
-    _calls(run, mesh, list(range(mesh.ndim)), "distribute")
+    _calls(run, mesh, [(d, D.distribute_comm(p)) for d, p in enumerate(placements)], "distribute")
     tensor = D.arange_block(shape)
     return _derive(None, mesh, geo, shape, placements,
                    lambda g, _, order, flat: D.distribute(g, tensor, placements, order),
@@ -178,6 +185,9 @@ def torch_plan(dt: D.DTensorModel, target: list[tuple], flattened: Any) -> list[
     plain = D.plain_moves(dt.placements, target, tuple(dt.mesh.shape))
     if flattened is None or geo is None:
         return plain
+    if isinstance(geo, D.Unsimulated):  # no members' blocks at this size: this rank's own plan
+        logical = D.logical_shapes(shape, dt.placements, dt.mesh.coordinate, tuple(dt.mesh.shape))
+        return list(D.merged_moves(plain, tuple(dt.mesh.shape), flattened, logical))
     plans = set()
     for r in geo.flat:
         logical = D.logical_shapes((dt.beliefs or {}).get(r, shape), dt.placements, geo.coordinate[r], geo.shape)
@@ -214,6 +224,16 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
         raise ModelRaise(Err(None, "")) from None  # right: an error; gloo: undefined (the prediction says so)
     _move_calls(run, mesh, moves, what)
     return result
+
+
+def plain_observation(dt: D.DTensorModel, rank: int, whole: bool) -> Any:
+    """What `rank` observes of a plain tensor it takes out of a DTensor: its block (to_local) or the whole tensor
+    (full_tensor). Where values are not simulated, the shape alone."""
+    if not dt.simulated:
+        shape = dt.shape if whole else D.local_shape_and_offset(dt.shape, dt.placements, dt.mesh.coordinate,
+                                                                 dt.mesh.shape)[0]
+        return {"shape": list(shape), "values": NOT_SIMULATED, "contiguous": True if whole else NOT_SIMULATED}
+    return dt.observe(rank, plain_tensor_seen_by(rank))
 
 
 def plain_tensor_seen_by(rank: int) -> Any:
@@ -404,7 +424,7 @@ class FullTensor:
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         whole = model_redistribute(run, dt, [("R",)] * len(dt.placements), "full_tensor")
-        return whole.observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
+        return plain_observation(whole, run.model.rank, whole=True)
 
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).full_tensor())
@@ -417,7 +437,7 @@ class ToLocal:
     """DTensor.to_local(): the rank's block, its shape, values and whether it is contiguous"""
 
     def model(run: Any, a: dict) -> Any:
-        return _dtensor(run, a["tensor"]).observe(run.model.rank, plain_tensor_seen_by(run.model.rank))
+        return plain_observation(_dtensor(run, a["tensor"]), run.model.rank, whole=False)
 
     def torch(ex: Any, a: dict) -> Any:
         return torch_plain_tensor(ex, torch_dtensor(ex, a["tensor"]).to_local())
@@ -451,12 +471,12 @@ class FromLocal:
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
         if a.get("run_check"):
-            run_check_metadata(run, given.right, check_shape="shape" not in a)
+            run_check_metadata(run, given, check_shape="shape" not in a)
         checked = [d for d, p in enumerate(placements) if p[0] == "R"] if a.get("run_check") else []
         if checked:
             _groups_needed(mesh)
         # each Replicate dim broadcasts the whole block: members holding blocks of other sizes are a mismatch
-        _calls(run, mesh, checked, "from_local check", ("sizes", mine.shape))
+        _calls(run, mesh, [(d, "broadcast_") for d in checked], "from_local check", ("sizes", mine.shape))
 
         def sim(g: D.Geometry, blocks: D.Blocks, order: Any, _: Any) -> D.Blocks:
             out = {r: D.made_contiguous(b) for r, b in blocks.items()} if checked else dict(blocks)
@@ -515,17 +535,32 @@ def _beliefs(run: Any, a: dict, blocks: D.Blocks, placements: list[tuple], mesh_
     return beliefs if len(set(beliefs.values())) > 1 else None
 
 
-def run_check_metadata(run: Any, blocks: dict, check_shape: bool) -> None:
+def run_check_metadata(run: Any, given: D.DTensorModel, check_shape: bool) -> None:
     """check_tensor_meta: all_gather_object of every rank's dtype (and shape and stride when from_local infers
     the global shape) over the default group, not the mesh; ValueError where they differ."""
     run.model.collective(RUN_CHECK_CALL, run.model.world_group)
-    if check_shape and len({(b.shape, b.strides or contiguous_strides(b.shape)) for b in blocks.values()}) > 1:
+    if not check_shape:
+        return
+    metas: set[Any]
+    if given.simulated:
+        metas = {(b.shape, b.strides or contiguous_strides(b.shape)) for b in given.right.values()}
+    else:  # the members' blocks are the source's local shards (fresh blocks all have one shape)
+        metas = {tuple(row) for row in given.mesh_shapes()} if given.shape else {()}
+    if len(metas) > 1:
         raise ModelRaise(Err("ValueError", "Inconsistent tensor metadata"))
 
 
-def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | None) -> D.DTensorModel:
+def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.Geometry | D.Unsimulated | None
+                       ) -> D.DTensorModel:
     """The blocks from_local receives on every member (this rank alone outside the mesh), as they should be and
     as torch holds them: a fresh block per rank, or `source`'s local blocks."""
+    mesh = run.mesh(a["mesh"])
+    if isinstance(geo, D.Unsimulated):  # this rank's block's shape alone; the members' shapes where it matters
+        if source is None:
+            return D.DTensorModel(mesh, geo, (), [], {run.model.rank: D.Block(tuple(a["local_shape"]), ())}, None)
+        mine = D.local_shape_and_offset(source.shape, source.placements, mesh.coordinate, mesh.shape)[0]
+        return D.DTensorModel(mesh, geo, source.shape, source.placements, {run.model.rank: D.Block(tuple(mine), ())},
+                              None)
     ranks = tuple(geo.flat if geo is not None else [run.model.rank])
     torch: D.Blocks | None
     if source is None:  # each member's own local_shape (on_rank may give one its own)
@@ -535,7 +570,7 @@ def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.
     else:
         right, torch = D.shared_sim(("blocks of", ranks), (source.right, source.torch), lambda: source.map_sides(
             lambda state: {r: state.get(r, D.empty_block()) for r in ranks}))
-    return D.DTensorModel(run.mesh(a["mesh"]), geo, (), [], right, torch)
+    return D.DTensorModel(mesh, geo, (), [], right, torch)
 
 
 @operation("sum", "dtensor", {"tensor": F.DTENSOR, "dim": F.TENSOR_DIM}, required=("tensor", "dim"),

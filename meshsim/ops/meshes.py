@@ -56,10 +56,34 @@ def nest(flat: list[int], shape: list[int]) -> list:
     return [nest(flat[i * size:(i + 1) * size], shape[1:]) for i in range(shape[0])]
 
 
+PERMUTE_EVERY_RANK_TO = 256  # larger worlds draw a permutation in a few moves (a draw per rank would not fit)
+
+
+@st.composite
+def large_permutations(draw: Any, world: int) -> list[int]:
+    """A permutation of range(world) made of a few drawn moves (reversed, rotated, two blocks swapped, some ranks
+    swapped): non-monotonic layouts of any size for a handful of draws, where a draw per rank would overrun."""
+    ranks = list(range(world))
+    if draw(st.booleans()):
+        ranks.reverse()
+    shift = draw(st.integers(0, world - 1))
+    ranks = ranks[shift:] + ranks[:shift]
+    if draw(st.booleans()):
+        size = draw(st.integers(1, world // 2))
+        a, b = sorted(draw(st.lists(st.integers(0, world // size - 1), min_size=2, max_size=2, unique=True)))
+        ranks[a * size:(a + 1) * size], ranks[b * size:(b + 1) * size] = (ranks[b * size:(b + 1) * size],
+                                                                           ranks[a * size:(a + 1) * size])
+    for _ in range(draw(st.integers(0, 3))):
+        i, j = draw(st.integers(0, world - 1)), draw(st.integers(0, world - 1))
+        ranks[i], ranks[j] = ranks[j], ranks[i]
+    return ranks
+
+
 @st.composite
 def rank_layouts(draw: Any, world: int, shape: list[int]) -> list:
     """Ranks laid out in `shape`: any permutation, and any subset of the world when shape is smaller."""
-    ranks = draw(st.permutations(range(world)))[:math.prod(shape)]
+    every = st.permutations(range(world)) if world <= PERMUTE_EVERY_RANK_TO else large_permutations(world)
+    ranks = draw(every)[:math.prod(shape)]
     if draw(st.booleans()):
         ranks = sorted(ranks) if draw(st.booleans()) else ranks
     return nest(ranks, shape)

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import ClusterError
-from ..wire import JoinFailed, Ready, Stop
+from ..wire import JoinFailed, Ready, Stop, encoded
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 from .reaper import ignore_interrupts_while, kill_group
 
@@ -149,12 +149,12 @@ class Generation:
                     self.reaper.watch(worker.pid)  # the worker leads its own process group
 
     def send(self, message: tuple) -> None:
+        payload = encoded(message)  # pickled once for every worker (a plan can be large)
         for worker in self.workers:
-            if worker.alive:
-                try:
-                    worker.conn.send(message)
-                except (BrokenPipeError, OSError):
-                    pass
+            try:
+                worker.conn.send_bytes(payload)
+            except (BrokenPipeError, OSError):
+                pass  # a worker that died: the follow loop buries it
 
     def stacks(self, ranks: list[int], settle_s: float = 0.2) -> dict[int, str]:
         """Python stacks of the given live ranks, dumped by faulthandler (works inside C++ waits too)."""

@@ -248,6 +248,18 @@ REGISTRY: dict[str, Finding] = {
             since="2.2.0",
         ),
         Finding(
+            "dtensor-indexed-device-type",
+            "DTensor ops whose sharding strategy costs a redistribution fail on a DeviceMesh('cpu:0', ...)",
+            "torch-inconsistent",
+            "DeviceMesh accepts a device type with an index ('cpu:0'; init_device_mesh refuses it), and DTensor "
+            "works on such a mesh until an op's sharding strategy prices a redistribution: torch.sum of a "
+            "Partial(avg|max|min) fails on every rank with \"'NoneType' object has no attribute 'device_count'\" "
+            "(MeshTopoInfo.build_from_mesh asks torch.<device_type> for its device count). Right: the same "
+            "values as on DeviceMesh('cpu', ...), or the mesh refused up front. Related: pytorch/pytorch#178550 "
+            "(num_devices_per_host has no handler for non-physical devices).",
+            since="2.9.0",
+        ),
+        Finding(
             "localtensormode-not-an-oracle", "LocalTensorMode disagrees with real ranks on irregular rank maps",
             "torch-inconsistent",
             "torch.distributed._local_tensor.LocalTensorMode answers get_local_rank with the mesh coordinate; "

@@ -6,7 +6,7 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from .errors import ClusterError
 from .model import torch_side
 from .outcome import HANG, PASS, UNDEFINED
 from .produced import Produced
-from .scenario import Expect, Scenario
+from .scenario import Expect, Scenario, raising_steps
+from .spec.plan import Plan
 from .spec.tiers import capabilities
 from .spec.topology import Topology
 from .strategies import divergent_plans, matrix_plans, plans
@@ -326,10 +327,14 @@ def save_counterexample(result: Any, topology: Topology, deadline: float, seed: 
     expected = result.expected if isinstance(result.expected, str) else result.expected.right
     if expected == UNDEFINED:
         expected = PASS
+    plan = result.plan
+    if result.prediction is not None and result.prediction.model_error is None:  # the errors the plan means
+        meant = raising_steps(plan, result.prediction, topology.world)
+        plan = Plan(tuple(replace(st, expect_error=True) if i in meant else st for i, st in enumerate(plan.steps)))
     scenario = Scenario(
         name=f"fuzz-{digest}",
         topology=topology,
-        plan=result.plan,
+        plan=plan,
         deadline=deadline,
         expect=Expect(outcome=expected),
         description=(f"Found by `meshsim fuzz` (seed {seed}): torch ended {result.outcome} and disagreed with the "

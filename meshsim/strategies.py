@@ -436,10 +436,12 @@ def _transform_cells(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow
     same root derived again afterwards."""
     position = draw(st.sampled_from(["1-D", "outer", "inner"]))
     handle, mesh, d = draw(_mesh_for(b, handle, mesh, position))
-    if d < 0 or draw(st.integers(0, 7)) == 0:  # (0, where shrinking goes: a failure that needs only the mesh
-        return                                  # loses the DTensor steps)
+    if d < 0:
+        return
     if mesh.ndim > 1 and rarely(draw, 3):
         b.add(step("flatten", src=handle, name=b.fresh("fn"), out=b.fresh("f")))  # torch merges onto it
+    if draw(st.integers(0, 7)) == 0:  # 0 is where shrinking goes: a failure that needs only the meshes (the
+        return                        # flattened one too) loses the DTensor steps
     kind = draw(st.sampled_from(["R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"]))
     source = draw(_source(b, handle, mesh, d, kind))
     dt = b.run.handles.get(source) if source else None

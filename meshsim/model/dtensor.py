@@ -55,6 +55,7 @@ FINDING = "dtensor-chunk-by-group-rank"
 MERGED = "dtensor-merged-collective-on-flattened-mesh"
 CONTRADICTED = "from-group-groups-contradict-mesh"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
+INDEXED_DEVICE = "dtensor-indexed-device-type"  # a mesh of device type "cpu:0": strategies that price a move fail
 
 
 class SizeMismatch(Exception):

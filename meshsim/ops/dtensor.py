@@ -8,12 +8,13 @@ rank apart too (rank r adds 4096 * 2**r), so a Partial reduced over the wrong me
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from ..model.expect import Err, ModelRaise
+from ..model.expect import Err, ModelRaise, Quirk
 from ..spec import fields as F
 from ..spec.placements import (
     REDUCE_OPS,
@@ -589,15 +590,12 @@ class Sum:
             # sum is not linear over such a Partial: torch's reduction strategy first replicates every Partial dim
             # and every Shard of the summed dim (replicate_reduction_dims), then sums locally
             needed = [("R",) if p[0] == "P" or p == ("S", dim) else p for p in dt.placements]
+            if ":" in dt.mesh.device:  # the strategy prices that redistribution: torch fails on every rank
+                right = _summed(run, model_redistribute(run, dt, needed, "sum"), dim)
+                right_only = dataclasses.replace(right, torch=right.right).observation(run.model.rank)
+                raise ModelRaise(Quirk(right_only, Err("RuntimeError", "device_count"), D.INDEXED_DEVICE))
             dt = model_redistribute(run, dt, needed, "sum")
-        placements = [_after_sum(p, dim) for p in dt.placements]
-        shape = dt.shape[:dim] + dt.shape[dim + 1:]
-        if dt.geometry is None:  # outside the mesh DTensor's dispatch makes a default local: zeros(()) or []
-            local = {run.model.rank: D.Block((), (0.0,)) if not shape else D.empty_block()}
-            return D.DTensorModel(dt.mesh, None, shape, placements, local, local)
-        state, torch = dt.map_sides(lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()})
-        beliefs = {r: b[:dim] + b[dim + 1:] for r, b in dt.beliefs.items()} if dt.beliefs else None
-        return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch, dt.finding, beliefs)
+        return _summed(run, dt, dim)
 
     def torch(ex: Any, a: dict) -> Any:
         import torch
@@ -611,6 +609,18 @@ class Sum:
             return None
         ref, dt = held[-1] if draw(st.booleans()) else draw(st.sampled_from(held))  # often the newest
         return step("sum", tensor=ref, dim=draw(st.integers(0, len(dt.shape) - 1)), out=b.fresh("t"))
+
+
+def _summed(run: Any, dt: D.DTensorModel, dim: int) -> D.DTensorModel:
+    """The sum over `dim` of a DTensor that needs no more communication for it."""
+    placements = [_after_sum(p, dim) for p in dt.placements]
+    shape = dt.shape[:dim] + dt.shape[dim + 1:]
+    if dt.geometry is None:  # outside the mesh DTensor's dispatch makes a default local: zeros(()) or []
+        local = {run.model.rank: D.Block((), (0.0,)) if not shape else D.empty_block()}
+        return D.DTensorModel(dt.mesh, None, shape, placements, local, local)
+    state, torch = dt.map_sides(lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()})
+    beliefs = {r: b[:dim] + b[dim + 1:] for r, b in dt.beliefs.items()} if dt.beliefs else None
+    return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch, dt.finding, beliefs)
 
 
 def _after_sum(p: tuple, dim: int) -> tuple:

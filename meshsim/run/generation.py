@@ -43,9 +43,24 @@ def _read_since(path: str, offset: int, limit: int | None = None) -> tuple[str, 
         return "", offset
     if size <= offset:
         return "", offset
+    start = offset if limit is None else max(offset, size - limit)
     with open(path, "rb") as fh:
-        fh.seek(offset if limit is None else max(offset, size - limit))
-        return fh.read(size).decode(errors="replace"), size
+        fh.seek(start)
+        # Exactly up to `size`: what the rank writes meanwhile is read next time, from the offset returned
+        # (reading to the end here read those bytes twice).
+        data = fh.read(size - start)
+    whole = _complete_utf8(data)  # a character cut at `size` is read whole next time
+    return data[:whole].decode(errors="replace"), start + whole
+
+
+def _complete_utf8(data: bytes) -> int:
+    """The length of `data` without a UTF-8 sequence cut off at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit in what is left?
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return len(data) - back if need > back else len(data)
+    return len(data)
 
 
 @dataclass

@@ -5,16 +5,19 @@
 
 start   cluster ready time for W = 4, 8, 16, 32 (fresh process: forkserver + torch import included),
         next to torch.multiprocessing spawn of the same ranks joining a gloo world
-plans   plans/s at W = 8 for a mix of 2-D and 3-D meshes with a check step, next to the same torch calls
-        in a raw loop on persistent ranks (no harness), and a spawn-per-test harness
+plans   plans/s at W = 8 next to the same torch calls in a raw loop (bench/process.py), and spawn-per-test
 fuzz    generated examples/s at W = 8 and W = 16
+sweep   the default sweep at W = 8 by seed: branch coverage per torch file, examples/s next to the same sweep
+        without DTensor steps, the produced-and-checked matrix, seeded DTensor and DeviceMesh bugs caught
 find    time for `fuzz` to find and shrink a bug injected into DeviceMesh in the workers
 memory  worker RSS and PSS (shared pages split) at W = 8
 launch  each example script under `meshsim launch` (unchanged, simulated GPUs) next to `torchrun --standalone` of
         it on CPU/gloo (a device edit): wall time and per-step time (goal <= 1.2x), and a hang's time to diagnosis
         (goal <= deadline + 1 s)
-tiers   thread tier at W=64 next to a raw threaded-group loop and the process tier; fake tier at 4,096 ranks
-        next to a raw fake-group loop; the model tier at 102,400 ranks (`tiers-big` adds 16,384 fake ranks)
+tiers   the thread, fake and model sections of `python -m bench` (bench/thread.py, fake.py, model.py)
+
+`python -m bench` runs the sections that carry goals (process, thread, fake, model, launch, memory) in one run,
+with JSON output and comparison; see bench/__main__.py.
 """
 
 from __future__ import annotations
@@ -29,10 +32,8 @@ import time
 from datetime import timedelta
 
 from launch_vs_torchrun import launch_section
-from raw import check_collectives, destroy_new_groups
 from rich.console import Console
 from rich.table import Table
-from tiers import tiers_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")  # the injected bugs live with the tests (faults.py)
@@ -102,48 +103,6 @@ def spawn_join(world: int) -> None:
 
 # --------------------------------------------------------------------------------------------- plans
 
-def _raw_rank(rank: int, world: int, port: int, count: int, out: dict) -> None:
-    """The torch calls meshsim makes for a plan, in a bare loop: build, check every dim, barrier, destroy."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    baseline = set(c10d._world.pg_map)
-    dist.barrier()
-    started = time.monotonic()
-    for i in range(count):
-        shape, names = SHAPES[i % 2]
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        for d in range(mesh.ndim):
-            check_collectives(mesh.get_group(d), rank, world)
-        dist.barrier()
-        destroy_new_groups(mesh, baseline)
-    dist.barrier()
-    if rank == 0:
-        out["rate"] = count / (time.monotonic() - started)
-    dist.destroy_process_group()
-
-
-def raw_loop(world: int, count: int) -> float:
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("forkserver")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = ctx.Manager()
-    out = manager.dict()
-    procs = [ctx.Process(target=_raw_rank, args=(r, world, store.port, count, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    return out["rate"]
-
-
 def _spawn_test_rank(rank: int, world: int, port: int) -> None:
     import torch
     import torch.distributed as dist
@@ -169,35 +128,15 @@ def spawn_per_test(world: int) -> float:
     return time.monotonic() - started
 
 
-def plans_section(count: int = 60) -> None:
-    from meshsim import Cluster, Plan, Topology, step
+def plans_section() -> None:
+    """The process section of `python -m bench` (plans/s at W = 8 next to the raw loop), and a spawn-per-test
+    harness beside them."""
+    from figures import table
+    from process import run
 
-    plans = [Plan((step("init_device_mesh", shape=list(s), names=list(n), out="m"), step("check", mesh="m")))
-             for s, n in SHAPES]
-    rates, raws = [], []
-    with Cluster(Topology(2, 4)) as cluster:
-        for p in plans:  # warm both shapes
-            cluster.run(p)
-        for _ in range(ROUNDS):
-            started = time.monotonic()
-            for i in range(count):
-                assert cluster.run(plans[i % 2]).passed
-            rates.append(count / (time.monotonic() - started))
-            raws.append(raw_loop(8, count))
+    console.print(table(run(), "process tier"))
     spawn = [spawn_per_test(8) for _ in range(2)]
-    ours, raw = statistics.median(rates), statistics.median(raws)
-    table = Table(title=f"Plans per second at W = 8 (2x4), {count} plans x {ROUNDS} rounds, medians; (2,4) and (2,2,2) "
-                        "meshes, each with a check step (3 collectives per dim)")
-    for col in ("harness", "plans/s", "vs raw loop"):
-        table.add_column(col, justify="right")
-    table.add_row("raw torch loop (persistent ranks, no checks)", f"{raw:.1f}", "1.00")
-    table.add_row("meshsim (model + verdict per plan)", f"{ours:.1f}", f"{ours / raw:.2f}")
-    spawn_rate = 1 / statistics.median(spawn)
-    table.add_row("spawn per test (8 ranks)", f"{spawn_rate:.2f}", f"{spawn_rate / raw:.3f}")
-    console.print(table)
-    console.print(f"  rounds: meshsim {', '.join(f'{r:.1f}' for r in rates)}; "
-                  f"raw {', '.join(f'{r:.1f}' for r in raws)}; "
-                  f"spawn-per-test {', '.join(f'{s:.1f} s' for s in spawn)}")
+    console.print(f"  spawn per test (8 ranks): {', '.join(f'{s:.1f} s' for s in spawn)} a test")
 
 
 # --------------------------------------------------------------------------------------------- fuzz
@@ -241,6 +180,77 @@ def dtensor_section(examples: int = 400) -> None:
                 strategies.WEIGHTS.update(saved)
             table.add_row(str(seed), f"{report.rate:.1f}", str(steps), f"{baseline.rate:.1f}",
                           json.dumps(dict(report.outcomes)))
+    console.print(table)
+
+
+def sweep_section(examples: int = 400, seeds: tuple[int, ...] = (1, 2, 3)) -> None:
+    """The default sweep at W = 8 (`meshsim fuzz --hosts 2 --devices-per-host 4 --examples 400`), by seed: branch
+    coverage of each torch file (--coverage), examples/s next to the same sweep without DTensor steps measured
+    in the same run (goal: >= 8 with them), what it produced and checked, and seeded DTensor and DeviceMesh bugs
+    (tests/faults.py) caught by a default sweep."""
+    import tempfile
+
+    from meshsim import Cluster, Topology, strategies
+    from meshsim.fuzz import fuzz
+    from meshsim.report import render_produced
+    from meshsim.torch_coverage import MODULES, combine
+
+    reaches, rates, produced = {}, [], None
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix="meshsim-coverage-") as measured:
+            with Cluster(Topology(2, 4), deadline=10, coverage_dir=measured) as cluster:
+                report = fuzz(cluster, examples, seed=seed, deadline=10)
+            reaches[seed] = combine(measured)
+        produced = produced or report.produced
+        with Cluster(Topology(2, 4), deadline=10) as cluster:
+            full = fuzz(cluster, examples, seed=seed, deadline=10)
+            saved = dict(strategies.WEIGHTS)
+            try:
+                for op in ("distribute", "redistribute", "full_tensor", "to_local", "from_local", "sum", "dtensor"):
+                    strategies.WEIGHTS.pop(op, None)
+                bare = fuzz(cluster, examples, seed=seed, deadline=10)
+            finally:
+                strategies.WEIGHTS.clear()
+                strategies.WEIGHTS.update(saved)
+        rates.append((seed, full.rate, bare.rate, report.rate, full.passed and report.passed))
+    table = Table(title=f"branch coverage of torch's code by a default sweep ({examples} plans, W = 8), by seed")
+    table.add_column("file")
+    for seed in seeds:
+        table.add_column(f"seed {seed}", justify="right")
+    for module in MODULES:
+        row = [module.replace("torch/distributed/", "")]
+        for seed in seeds:
+            hit = next((f for f in reaches[seed].files if f.path == module), None)
+            row.append(f"{hit.branch_percent:.1f}% of {hit.branches}" if hit else "-")
+        table.add_row(*row)
+    table.add_row("all", *(f"{reaches[seed].branch_percent:.1f}%" for seed in seeds))
+    console.print(table)
+    table = Table(title="examples/s at W = 8, each row's columns measured in the same run (uptime's load beside)")
+    for col in ("seed", "default sweep", "without DTensor steps", "with --coverage", "agrees"):
+        table.add_column(col, justify="right")
+    for seed, full, bare, covered, agreed in rates:
+        table.add_row(str(seed), f"{full:.1f}", f"{bare:.1f}", f"{covered:.1f}", str(agreed))
+    console.print(table)
+    console.print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
+    render_produced(produced, console)
+    _seeded_bugs(examples)
+
+
+def _seeded_bugs(examples: int) -> None:
+    from meshsim import Cluster, Topology
+    from meshsim.fuzz import fuzz
+
+    table = Table(title=f"seeded bugs (tests/faults.py) against a default sweep of {examples} plans at W = 8, seed 1")
+    for col in ("bug", "caught", "after", "plans", "shrunk to"):
+        table.add_column(col, overflow="fold")
+    for fault in ("outer_shard_to_shard_flipped", "partials_reduced_on_one_dim", "outer_reduce_scatter_rolled",
+                  "uneven_gather_drops_last", "concatenate_reverses_dims", "unflatten_swaps_sizes",
+                  "slices_lose_a_rank", "wrong_local_rank"):
+        with Cluster(Topology(2, 4), deadline=10, setup=f"faults:{fault}") as cluster:
+            report = fuzz(cluster, examples, seed=1, deadline=10)
+        plan = " ; ".join(report.failure.plan.describe()) if report.failure else "-"
+        table.add_row(fault, str(not report.passed), f"{report.time_to_failure or 0:.1f} s", str(report.examples),
+                      plan)
     console.print(table)
 
 
@@ -333,9 +343,19 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
 
 
 SECTIONS = {"start": start_section, "launch": lambda: launch_section(console), "plans": plans_section,
-            "fuzz": fuzz_section, "dtensor": dtensor_section, "find": find_section,
-            "memory": memory_section, "tiers": lambda: tiers_section(console),
-            "tiers-big": lambda: tiers_section(console, big=True), "soak": soak_section}
+            "fuzz": fuzz_section, "dtensor": dtensor_section, "sweep": sweep_section, "find": find_section,
+            "memory": memory_section, "tiers": lambda: tiers_section(), "soak": soak_section}
+
+
+def tiers_section() -> None:
+    """The thread, fake and model sections of `python -m bench`."""
+    import fake
+    import model
+    import thread
+    from figures import table
+
+    for name, section in (("thread tier", thread), ("fake tier", fake), ("model tier", model)):
+        console.print(table(section.run(), name))
 
 if __name__ == "__main__":
     sys.path[:0] = [HERE, TESTS]  # before the first cluster: its workers import from both

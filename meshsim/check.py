@@ -20,12 +20,14 @@ from .spec.platform import CPU, Platform
 from .wire import RunFunction, RunPlan
 
 
-def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU) -> Prediction:
-    """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell."""
+def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU,
+                   by_class: bool = False) -> Prediction:
+    """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell.
+    `by_class`: rank classes answered once each (the model tier: meshsim.classes)."""
     try:
-        return predict(plan, world, deadline, platform=platform)
+        return predict(plan, world, deadline, platform=platform, by_class=by_class)
     except Exception as exc:  # the model's own bug becomes a verdict, never a traceback
-        return unpredictable(plan, world, exc)
+        return unpredictable(plan, world, exc, by_class)
 
 
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
@@ -34,17 +36,24 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world)
-    deadline = deadlines.checked(deadlines.PLAN_S if deadline is None else deadline)
+    deadline = deadlines.checked(_default_deadline(executor) if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []
 
     def meanwhile() -> Prediction:  # the model predicts while the ranks work; the model tier uses its answer
         if not found:
-            found.append(prediction_for(plan, executor.world, deadline, executor.platform))
+            found.append(prediction_for(plan, executor.world, deadline, executor.platform,
+                                        getattr(executor, "by_class", False)))
         return found[0]
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
         record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
         return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
+
+
+def _default_deadline(executor: Any) -> float:
+    """The executor's own deadline (its tier's default for its world, unless it was given one)."""
+    found = getattr(executor, "deadline", None)
+    return float(found) if found is not None else deadlines.plan(executor.tier, executor.world)
 
 
 def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, START_S
+from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, SHRINK_S, START_S
 from .errors import InputError, MeshsimError
 from .report import make_console
 from .spec.platform import BACKENDS
@@ -112,8 +112,9 @@ def _cluster_options(parser: argparse.ArgumentParser, deadline: float | None, wh
                         help=f"seconds each plan may take before it is called a hang ({default})")
     parser.add_argument("--setup", metavar="MODULE:FUNCTION",
                         help="a function every rank runs after it joins (e.g. to install a patched DeviceMesh)")
-    parser.add_argument("--start-timeout", type=_deadline, default=START_S,
-                        help=f"seconds the ranks and the setup function may take to be ready (default {START_S:g})")
+    parser.add_argument("--start-timeout", type=_deadline, default=None,
+                        help=f"seconds the ranks and the setup function may take to be ready (default {START_S:g}, "
+                             "more for many thread ranks)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,17 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--save", metavar="DIR", default="meshsim-failures",
                     help="where the minimal counterexample is written as a scenario (default ./meshsim-failures)")
     fz.add_argument("--json", action="store_true", help="print the report as JSON")
+    fz.add_argument("--shrink-budget", type=_deadline, default=SHRINK_S,
+                    help=f"seconds shrinking a disagreement may take; the smallest failing plan so far then stands "
+                         f"(default {SHRINK_S:g})")
     fz.add_argument("--coverage", action="store_true",
-                    help="measure line and branch coverage of torch's device_mesh.py and _mesh_layout.py in the "
-                         "ranks (process tier), and print what was never reached")
-    _cluster_options(fz, deadline=PLAN_S)
+                    help="measure line and branch coverage of torch's DeviceMesh and DTensor files in the ranks "
+                         "(process tier), and print per file what was never reached")
+    _cluster_options(fz, deadline=None, what=f"default {PLAN_S:g}, more for more ranks on a tier")
     _tier_options(fz)
 
     run = sub.add_parser("run", help="run scenario files and check that each ends as it expects")
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="print results as JSON")
     run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
-    _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}")
+    _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}, more for "
+                                              "more ranks on a tier")
     _tier_options(run)
 
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
@@ -269,31 +274,41 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     )
 
     from .fuzz import fuzz
-    from .report import render_draws, render_reach, render_result
+    from .report import RunWatch, render_draws, render_produced, render_reach, render_result
     from .spec.topology import Topology
 
     topology = Topology(args.hosts, args.devices_per_host)
     writable_dir(args.save, "--save")
     out = make_console()
     err = make_console(stderr=True)
-    columns = [TextColumn("[bold]fuzz {task.fields[topo]}"), BarColumn(), MofNCompleteColumn(),
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[note]}"), TimeElapsedColumn()]
     measured = tempfile.TemporaryDirectory(prefix="meshsim-coverage-") if args.coverage else None
     options = {"coverage_dir": measured.name} if measured else {}
-    with _open(topology, args, args.deadline, **options) as cluster, \
-            Progress(*columns, console=err, transient=True, disable=args.json) as progress:
-        task = progress.add_task("fuzz", total=args.examples, topo=str(topology), note="")
+    with Progress(*columns, console=err, transient=True, disable=args.json) as progress, \
+            _open(topology, args, args.deadline, watch=RunWatch(progress, "  this plan's ranks", note=""),
+                  **options) as cluster:
+        task = progress.add_task(f"fuzz {topology}", total=args.examples, note="")
         started = time.monotonic()
 
+        said = [0.0]  # when a console that is not a terminal last got a line about shrinking
+
         def on_example(report: Any, result: Any) -> None:
-            if report.shrink_runs:
-                note = f"[red]disagreement found, shrinking ({report.shrink_runs} runs)"
-            else:
+            shrink = report.shrinking
+            if shrink.started is None:
                 note = f"{report.examples / max(time.monotonic() - started, 1e-9):.1f} plans/s"
+            else:
+                left = max(0.0, shrink.budget - shrink.elapsed)
+                note = (f"[red]disagreement after {report.examples} plans ({result.outcome}); shrinking: "
+                        f"{report.shrink_runs} runs, smallest {shrink.smallest} steps, {left:.0f} s left[/]")
+                if not err.is_terminal and time.monotonic() - said[0] >= 10:  # a log, not a live bar
+                    said[0] = time.monotonic()
+                    err.print(f"fuzz: {note}", highlight=False)
             progress.update(task, completed=report.examples, note=note)
 
         report = fuzz(cluster, args.examples, seed=args.seed, deadline=args.deadline, max_steps=args.max_steps,
-                      divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example)
+                      divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example,
+                      shrink_budget=args.shrink_budget)
     if measured is not None:  # the ranks have stopped and saved what they reached
         from .torch_coverage import combine
 
@@ -311,6 +326,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if report.findings:
         out.print("known findings exercised: " + ", ".join(f"{k} x{v}" for k, v in report.findings.most_common()))
     render_draws(report, out, full=args.coverage)
+    render_produced(report.produced, out, complete=report.passed)
     if report.reach is not None:
         render_reach(report.reach, out)
     if report.passed:
@@ -336,12 +352,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     clusters: dict[Any, Any] = {}
     last_use = {sc.topology: index for index, sc in enumerate(scenarios)}
     try:
-        with progress_bar("scenarios", len(scenarios), disable=args.json or len(scenarios) < 2) as step:
+        with progress_bar("scenarios", len(scenarios), disable=args.json) as step:
             for index, sc in enumerate(scenarios):
                 cluster = clusters.get(sc.topology)
                 if cluster is None:
-                    cluster = clusters[sc.topology] = _open(sc.topology, args, sc.deadline).start()
-                result = cluster.run(sc.plan, deadline=sc.deadline)
+                    cluster = clusters[sc.topology] = _open(sc.topology, args, sc.on_tier(args.tier),
+                                                            watch=step.watch).start()
+                result = cluster.run(sc.plan, deadline=sc.on_tier(args.tier))
                 if last_use[sc.topology] == index:  # no file left needs these workers
                     clusters.pop(sc.topology).close()
                 run = judge_scenario(sc, result)

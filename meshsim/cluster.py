@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import deadlines
 from .check import check, run_function
 from .judge.verdict import Verdict
 from .spec.topology import Topology
@@ -25,7 +24,7 @@ class Cluster:
     Anything else asked of a Cluster is its executor's (world, topology, tier, backend, pids, ...).
     """
 
-    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
+    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float | None = None,
                  tier: str = "process", **options: Any):
         from .tiers import open_executor
 
@@ -33,8 +32,8 @@ class Cluster:
             options["backend"] = backend
         elif backend != "gloo":
             options["backend"] = backend
-        self.deadline = deadlines.checked(deadline)
-        self.executor = open_executor(topology, tier, deadline=self.deadline, **options)
+        self.executor = open_executor(topology, tier, deadline=deadline, **options)
+        self.deadline = self.executor.deadline  # as given, else the tier's default for the world
 
     def __getattr__(self, name: str) -> Any:
         if name == "executor":  # not set: __init__ failed

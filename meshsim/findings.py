@@ -77,6 +77,39 @@ REGISTRY: dict[str, Finding] = {
             since="2.9.0",
         ),
         Finding(
+            "dtensor-merged-collective-on-flattened-mesh",
+            "Redistributes merged onto a flattened mesh lose data on uneven shards and permute it where the "
+            "flattened group's rank order is not the mesh's",
+            "torch-wrong",
+            "When the root holds a flattened mesh over some dims (m._flatten()), DTensor.redistribute merges "
+            "consecutive all_gathers, all_reduces or reduce_scatters on those dims into one collective on the "
+            "flattened group (_optimize_transform_infos). (1) An all_gather is merged whatever the sizes: a [5] "
+            "tensor as [S(0), S(0)] on 2x2 holds nested chunks 2/1/1/1, the flat all_gather pads them as chunks "
+            "2/2/1/0, and full_tensor() returns padding zeros in place of data (reduce_scatter checks evenness; "
+            "all_gather does not). Known: open PR pytorch/pytorch#194457. (2) The flattened group's ranks are "
+            "sorted, so on a mesh whose flattened order is not ascending (DeviceMesh('cpu', [[0, 2], [1, 3]]), "
+            "whose every dim group is ascending) the merged all_gather concatenates and the merged reduce_scatter "
+            "hands out chunks in sorted-rank order, not mesh order: full_tensor() of arange(4) as [S(0), S(0)] "
+            "returns [0, 2, 1, 3], and ranks 1 and 2 swap their reduce_scatter chunks. Not on the trackers "
+            "(searched: flattened mesh collective rank order, merged reduce_scatter non-monotonic layout). "
+            "Right: merge only where the flat collective equals the nested ones.",
+            since="2.11.0",
+        ),
+        Finding(
+            "from-group-groups-contradict-mesh",
+            "DeviceMesh.from_group takes n-D groups that contradict the mesh it is given",
+            "torch-wrong",
+            "DeviceMesh.from_group([g0, g1], mesh=layout, mesh_dim_names=...) checks only that there is one group "
+            "per dim; it does not check that each group is this rank's line of `layout` along that dim. Given "
+            "groups along the other dim (or of another mesh), get_coordinate() and the DTensor's offsets follow "
+            "`layout` while get_local_rank and every collective, DTensor's included, follow the groups: on 2x2 "
+            "with layout [[0, 1], [2, 3]] and dim 0 given the row groups, rank 1 reports coordinate [0, 1] and "
+            "local rank 1 on dim 0, and distribute_tensor(arange(4), [S(0), R]) leaves it [2, 3] at offset 0. "
+            "Not on the trackers (searched: from_group mesh groups mismatch validation). Right: refuse groups "
+            "whose ranks are not the mesh's lines.",
+            since="2.4.0",
+        ),
+        Finding(
             "from-local-run-check-world",
             "DTensor.from_local(run_check=True) on a mesh that leaves ranks out hangs",
             "torch-wrong",
@@ -141,7 +174,9 @@ REGISTRY: dict[str, Finding] = {
         Finding(
             "gloo-size-mismatch-silent", "gloo all_reduce with different tensor sizes across ranks is not refused",
             "torch-wrong",
-            "Ranks passing tensors of different sizes to one all_reduce on gloo are not told. Measured on a "
+            "Ranks passing tensors of different sizes to one all_reduce (or to DTensor's collectives: blocks "
+            "from_local infers different global shapes from, or run_check broadcasts) on gloo are not told. "
+            "Measured on a "
             "4-rank group where one rank passes n elements and the others 8: n = 5 or 7 return wrong sums on "
             "some ranks (e.g. [1,2,1,0,0,0,0,1]) and the rest hang; n <= 4 hang; n >= 9 abort a process "
             "(gloo::EnforceNotMet 'Received data size doesn't match expected size'). "
@@ -211,6 +246,18 @@ REGISTRY: dict[str, Finding] = {
             "set_device(LOCAL_RANK) instead they join no shard or replicate group. Right: LOCAL_RANK for the "
             "device, WORLD_SIZE for the groups, or init_device_mesh.",
             since="2.2.0",
+        ),
+        Finding(
+            "dtensor-indexed-device-type",
+            "DTensor ops whose sharding strategy costs a redistribution fail on a DeviceMesh('cpu:0', ...)",
+            "torch-inconsistent",
+            "DeviceMesh accepts a device type with an index ('cpu:0'; init_device_mesh refuses it), and DTensor "
+            "works on such a mesh until an op's sharding strategy prices a redistribution: torch.sum of a "
+            "Partial(avg|max|min) fails on every rank with \"'NoneType' object has no attribute 'device_count'\" "
+            "(MeshTopoInfo.build_from_mesh asks torch.<device_type> for its device count). Right: the same "
+            "values as on DeviceMesh('cpu', ...), or the mesh refused up front. Related: pytorch/pytorch#178550 "
+            "(num_devices_per_host has no handler for non-physical devices).",
+            since="2.9.0",
         ),
         Finding(
             "localtensormode-not-an-oracle", "LocalTensorMode disagrees with real ranks on irregular rank maps",

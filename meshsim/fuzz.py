@@ -6,22 +6,26 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 
 from . import deadlines
 from .check import check, prediction_for
 from .errors import ClusterError
 from .model import torch_side
 from .outcome import HANG, PASS, UNDEFINED
-from .scenario import Expect, Scenario
+from .produced import Produced
+from .scenario import Expect, Scenario, raising_steps
+from .spec.plan import Plan
+from .spec.tiers import capabilities
 from .spec.topology import Topology
-from .strategies import divergent_plans, plans
+from .strategies import divergent_plans, matrix_plans, plans
 from .testing import Disagreement
 
 
@@ -39,8 +43,10 @@ class FuzzReport:
     notes: list[str] = field(default_factory=list)  # what the tier could not check (each note once)
     ops: Counter = field(default_factory=Counter)  # how often each operation was drawn
     pairs: Counter = field(default_factory=Counter)  # ... and each pair of consecutive operations
+    produced: Produced = field(default_factory=Produced)  # derived meshes and transforms produced, then checked
     reach: Any = None  # meshsim.torch_coverage.Reach, when measured
     replayed_on: str | None = None  # the smaller world and tier that still shows the failure, if any
+    shrinking: Any = None  # Shrinking, once fuzz runs
 
     @property
     def passed(self) -> bool:
@@ -55,6 +61,7 @@ class FuzzReport:
                 "elapsed_s": round(self.elapsed, 2), "examples_per_s": round(self.rate, 2), "passed": self.passed,
                 "outcomes": dict(self.outcomes), "findings": dict(self.findings), "ops": dict(self.ops),
                 "pairs": {f"{a} -> {b}": n for (a, b), n in self.pairs.most_common()},
+                "produced": self.produced.to_json(),
                 "torch_coverage": self.reach.to_json() if self.reach is not None else None,
                 "failure": self.failure.to_json() if self.failure is not None else None,
                 "saved": str(self.saved) if self.saved else None}
@@ -74,55 +81,67 @@ class Interrupted(BaseException):
 CHUNK = 200
 
 
-def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float = deadlines.PLAN_S,
+@dataclass
+class Shrinking:
+    """The shrink phase, bounded: it starts at the first disagreement and stops running plans after `budget`
+    seconds (the smallest failing plan so far stands). A plan that hung is shrunk with the deadline of a plan
+    the model says must hang (`hang_wait`): a candidate that still hangs shows it in that time, and the smallest
+    is confirmed with the full deadline at the end."""
+
+    budget: float
+    started: float | None = None
+    first: Any = None  # the first failing verdict
+    hang_wait: float | None = None
+    failures: dict[str, Any] = field(default_factory=dict)  # plan (JSON) -> its failing verdict
+
+    def begin(self, result: Any, hang_wait: float) -> None:
+        self.started, self.first = time.monotonic(), result
+        if result.outcome == HANG and torch_side(result.expected) != HANG:
+            self.hang_wait = hang_wait
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started is not None else 0.0
+
+    def exhausted(self) -> bool:
+        return self.started is not None and self.elapsed > self.budget
+
+    @property
+    def smallest(self) -> int | None:
+        return min((len(r.plan.steps) for r in self.failures.values()), default=None)
+
+
+def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float | None = None,
          max_steps: int = 6, divergent: bool = False, strict: bool = False, save_dir: str | Path | None = None,
          on_example: Callable[[FuzzReport, Any], None] | None = None,
-         expected_hang_deadline: float = deadlines.EXPECTED_HANG_S) -> FuzzReport:
-    """Run `examples` generated plans; stop at the first disagreement and shrink it.
+         expected_hang_deadline: float | None = None,
+         shrink_budget: float = deadlines.SHRINK_S) -> FuzzReport:
+    """Run `examples` plans: the matrix plans first (every redistribute cell, every derived mesh kind), then
+    generated ones; stop at the first disagreement and shrink it (within `shrink_budget`).
 
     Where the model predicts that torch hangs (or races), the plan gets a shorter deadline: waiting the full
     deadline would only confirm the prediction more slowly.
     """
-    report = FuzzReport(cluster.topology)
-    world = cluster.world
-    strategy = plans(world, max_steps=max_steps, device=cluster.platform.device)
+    tier = getattr(cluster, "tier", "process")
+    if deadline is None:
+        deadline = getattr(cluster, "deadline", None) or deadlines.plan(tier, cluster.world)
+    if expected_hang_deadline is None:
+        expected_hang_deadline = deadlines.expected_hang(tier, cluster.world)
+    sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example)
+    report = sweep.report
+    strategy = plans(sweep.world, max_steps=max_steps, device=cluster.platform.device)
     if divergent:
-        strategy = st.one_of(strategy, divergent_plans(world))
-    started = time.monotonic()
-
-    def torch_agrees_with_model(plan: Any) -> None:
-        prediction = prediction_for(plan, world, deadline, cluster.platform)
-        wait = deadline
-        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
-            wait = min(deadline, expected_hang_deadline)
-        try:
-            result = check(cluster, plan, wait, strict=strict, prediction=prediction)
-        except ClusterError as exc:
-            raise Interrupted(exc) from None
-        shrinking = report.time_to_failure is not None  # set at the first disagreement
-        if shrinking:
-            report.shrink_runs += 1
-        else:
-            report.examples += 1
-            report.outcomes[result.outcome] += 1
-            ops = [s.op for s in plan.steps]
-            report.ops.update(ops)
-            report.pairs.update(zip(ops, ops[1:]))
-            for fid in result.findings:
-                report.findings[fid] += 1
-            report.notes.extend(n for n in result.notes if n not in report.notes)
-        if on_example is not None:
-            on_example(report, result)
-        if not result.passed:
-            if not shrinking:
-                report.time_to_failure = time.monotonic() - started
-            raise Disagreement(result)
-
-    for chunk, count in enumerate(_chunks(examples)):
-        run = settings(max_examples=count, deadline=None, database=None, report_multiple_bugs=False,
-                       phases=[Phase.generate, Phase.shrink], print_blob=False,
-                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])(
-            given(strategy)(torch_agrees_with_model))
+        strategy = st.one_of(strategy, divergent_plans(sweep.world))
+    runs_dtensor = capabilities(tier).dtensor
+    first = matrix_plans(sweep.world)[:max(0, examples - 1)] if runs_dtensor and sweep.world > 1 else []
+    for chunk, count in enumerate(_chunks(examples - len(first))):  # the matrix plans count among the examples
+        test = given(strategy)(sweep.torch_agrees_with_model)
+        for plan in first if chunk == 0 else []:  # run first: every cell of the matrix, every derived mesh
+            test = example(plan)(test)
+        run = settings(max_examples=count, deadline=None,
+                       database=None, report_multiple_bugs=False,
+                       phases=[Phase.explicit, Phase.generate, Phase.shrink], print_blob=False,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])(test)
         if seed is not None:
             run = hypothesis_seed(seed if chunk == 0 else hash((seed, chunk)))(run)  # new plans, reproducibly
         try:
@@ -130,9 +149,16 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
         except Disagreement as exc:
             report.failure = exc.result  # Hypothesis re-runs the minimal example last
             break
+        except FlakyFailure as exc:  # the minimal example passed when replayed: report the failure as seen
+            report.failure = _disagreement_in(exc) or report.shrinking.first
+            report.notes.append("the failure did not repeat when replayed (flaky): it is reported as first seen")
+            break
         except Interrupted as exc:
             raise exc.error from None
-    report.elapsed = time.monotonic() - started
+    if report.failure is not None and report.failure.plan in first:  # Hypothesis does not shrink explicit ones
+        report.failure = sweep.shrink_steps(report.failure)
+    report.elapsed = time.monotonic() - sweep.started
+    _settle(report, cluster, deadline, strict)
     topology = cluster.topology
     if report.failure is not None and getattr(cluster, "tier", "process") != "process":
         smaller = shrink_world(report.failure.plan, topology, deadline, strict)
@@ -141,6 +167,124 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float =
     if report.failure is not None and save_dir is not None:
         report.saved = save_counterexample(report.failure, topology, deadline, seed, save_dir)
     return report
+
+
+class _Sweep:
+    """One sweep on one cluster: runs a plan against the model (counting it in the report), and shrinks."""
+
+    def __init__(self, cluster: Any, deadline: float, strict: bool, expected_hang_deadline: float,
+                 shrink_budget: float, on_example: Callable[[FuzzReport, Any], None] | None):
+        self.cluster, self.world, self.deadline, self.strict = cluster, cluster.world, deadline, strict
+        self.expected_hang_deadline, self.on_example = expected_hang_deadline, on_example
+        self.report = FuzzReport(cluster.topology)
+        self.report.shrinking = self.shrink = Shrinking(shrink_budget)
+        self.started = time.monotonic()
+
+    def attempt(self, plan: Any) -> Any:
+        """Run `plan` against the model, count it, and remember it when it fails."""
+        shrink = self.shrink
+        prediction = prediction_for(plan, self.world, self.deadline, self.cluster.platform,
+                                    getattr(self.cluster, "by_class", False))
+        wait = self.deadline
+        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
+            wait = min(wait, self.expected_hang_deadline)
+        if shrink.hang_wait is not None:
+            wait = min(wait, shrink.hang_wait)
+        try:
+            result = check(self.cluster, plan, wait, strict=self.strict, prediction=prediction)
+        except ClusterError as exc:
+            raise Interrupted(exc) from None
+        _count(self.report, plan, result)
+        if self.on_example is not None:
+            self.on_example(self.report, result)
+        if not result.passed:
+            if shrink.started is None:
+                self.report.time_to_failure = time.monotonic() - self.started
+                shrink.begin(result, self.expected_hang_deadline)
+            shrink.failures[plan.to_json()] = result
+        return result
+
+    def torch_agrees_with_model(self, plan: Any) -> None:
+        """Hypothesis' test: a Disagreement unless torch agrees (past the shrink budget, plans no longer run:
+        only failures already seen fail again)."""
+        if self.shrink.exhausted():
+            seen = self.shrink.failures.get(plan.to_json())
+            if seen is not None:
+                raise Disagreement(seen)
+            return
+        result = self.attempt(plan)
+        if not result.passed:
+            raise Disagreement(result)
+
+    def shrink_steps(self, failure: Any) -> Any:
+        """A failing plan made smaller by dropping one step at a time while it still fails (a plan that no longer
+        validates is skipped), within the shrink budget."""
+        from .ops import validate
+        from .spec.plan import Plan, PlanError
+
+        improved = True
+        while improved and not self.shrink.exhausted():
+            improved = False
+            for index in reversed(range(len(failure.plan.steps))):
+                steps = failure.plan.steps
+                candidate = Plan(steps[:index] + steps[index + 1:])
+                try:
+                    validate(candidate, self.world)
+                except PlanError:
+                    continue
+                result = self.attempt(candidate)
+                if not result.passed:
+                    failure, improved = result, True
+                    break
+                if self.shrink.exhausted():
+                    break
+        return failure
+
+
+def _count(report: FuzzReport, plan: Any, result: Any) -> None:
+    """One run in the report: a generated example (its outcome, what it drew, produced and exercised), or one
+    more run of the shrink phase."""
+    if report.shrinking.started is not None:
+        report.shrink_runs += 1
+        return
+    report.examples += 1
+    report.outcomes[result.outcome] += 1
+    ops = [s.op for s in plan.steps]
+    report.ops.update(ops)
+    report.pairs.update(zip(ops, ops[1:]))
+    for fid in result.findings:
+        report.findings[fid] += 1
+    if result.passed:
+        report.produced.add(plan, result.record)
+    report.notes.extend(n for n in result.notes if n not in report.notes)
+
+
+def _disagreement_in(group: BaseException) -> Any:
+    for exc in getattr(group, "exceptions", ()):
+        if isinstance(exc, Disagreement):
+            return exc.result
+        found = _disagreement_in(exc)
+        if found is not None:
+            return found
+    return None
+
+
+def _settle(report: FuzzReport, cluster: Any, deadline: float, strict: bool) -> None:
+    """Say where shrinking stopped, and confirm a hang shrunk with the short deadline under the full one."""
+    shrink = report.shrinking
+    if report.failure is None:
+        return
+    if shrink.exhausted():
+        report.notes.append(f"shrinking stopped at its budget of {shrink.budget:g} s: the smallest failing plan "
+                            "so far is reported")
+    if shrink.hang_wait is not None and report.failure is not shrink.first:
+        confirmed = check(cluster, report.failure.plan, deadline, strict=strict)
+        if confirmed.passed:
+            report.notes.append(f"the smallest plan that hung within {shrink.hang_wait:g} s finished within "
+                                f"{deadline:g} s: the first failing plan is reported")
+            report.failure = shrink.first
+        else:
+            report.failure = confirmed
 
 
 def _chunks(examples: int) -> list[int]:
@@ -183,10 +327,14 @@ def save_counterexample(result: Any, topology: Topology, deadline: float, seed: 
     expected = result.expected if isinstance(result.expected, str) else result.expected.right
     if expected == UNDEFINED:
         expected = PASS
+    plan = result.plan
+    if result.prediction is not None and result.prediction.model_error is None:  # the errors the plan means
+        meant = raising_steps(plan, result.prediction, topology.world)
+        plan = Plan(tuple(replace(st, expect_error=True) if i in meant else st for i, st in enumerate(plan.steps)))
     scenario = Scenario(
         name=f"fuzz-{digest}",
         topology=topology,
-        plan=result.plan,
+        plan=plan,
         deadline=deadline,
         expect=Expect(outcome=expected),
         description=(f"Found by `meshsim fuzz` (seed {seed}): torch ended {result.outcome} and disagreed with the "

@@ -15,8 +15,8 @@ from typing import Any
 
 from .judge.blame import blame
 from .model import layout as L
-from .model.dtensor import DTensorModel
-from .model.expect import Err, ModelRaise, Quirk
+from .model.dtensor import DTensorModel, forget_sims
+from .model.expect import Err, Grid, ModelRaise, Quirk
 from .model.mesh import Call, Group, MeshModel, RankModel, summary
 from .ops import operation_of
 from .outcome import ERROR, PASS, UNDEFINED, outcome_of
@@ -61,6 +61,9 @@ class Prediction:
     model_error: str | None = None  # the model failed on this plan: it predicts nothing
     model_error_step: int | None = None  # ... at this step
     late: list[int] = field(default_factory=list)  # ranks still sleeping at the deadline (stragglers)
+    collided: list[int] = field(default_factory=list)  # ranks that made groups under one name (group-name-collision)
+    classes: Any = None  # meshsim.classes.RankClasses when predicted by class: ranks is then a ClassView
+    notes: list[str] = field(default_factory=list)  # how it was predicted, where that is worth saying
 
     def expected(self, rank: int, step: int) -> Any:
         return self.ranks[rank].observations[step]
@@ -69,16 +72,35 @@ class Prediction:
         """The run the model predicts, as the record an executor would return: every rank's observations as torch
         is predicted to report them, and the stuck ranks in the calls the model says they wait in, with the calls
         every rank made on every group up to there (the judge's culprit rule reads those)."""
-        states = _states(self, with_calls=bool(self.stuck or self.late), plan=plan)
+        states: Any = _states(self, with_calls=bool(self.stuck or self.late), plan=plan)
+        if self.classes is not None:
+            from .classes import ClassView
+
+            states = ClassView(self.classes, states)
         for rank in self.late:  # asleep past the deadline, outside any call
             states[rank].end, states[rank].done = STUCK, False
-        return RunRecord(self.world, deadline, states, 0.0, bool(self.stuck or self.late), tier=tier)
+        record = RunRecord(self.world, deadline, states, 0.0, bool(self.stuck or self.late), tier=tier)
+        record.classes = self.classes
+        return record
 
 
-def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU) -> Prediction:
-    """`platform`: the ranks' default device type, and whether they can set a CUDA device."""
+def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU,
+            by_class: bool = False) -> Prediction:
+    """`platform`: the ranks' default device type, and whether they can set a CUDA device. `by_class`: answer
+    each class of ranks that run the plan alike once (meshsim.classes; the model tier at scale): the prediction's
+    ranks are then a ClassView, and every rank's observations are its representative's."""
     L.forget_shared()
+    forget_sims()
     with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
+        if by_class:
+            from .classes import Unclassable
+
+            try:
+                return _predict_by_class(plan, world, deadline, platform)
+            except Unclassable as exc:
+                prediction = _predict(plan, world, deadline, platform)
+                prediction.notes.append(f"predicted rank by rank: {exc}")
+                return prediction
         return _predict(plan, world, deadline, platform)
 
 
@@ -87,13 +109,63 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
+    return _conclude(plan, world, deadline, preds, findings, stuck, mismatched)
+
+
+def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
+    from .classes import Classifier, ClassView, check_classes, lockstep
+
+    def run(rank: int) -> RankRun:
+        return _run_rank(plan, rank, world, platform)
+
+    classifier = Classifier(plan, world, run)
+    classes = classifier.settle(compositions=False)
+    runs = classifier.runs_of(classes)
+    check_classes(classes, runs, run)
+    stuck: list[Stuck] = []
+    mismatched: list[tuple[Call, tuple[int, ...]]] = []
+    if not lockstep(classes, runs):  # (in lockstep, one SPMD program: every call completes, whatever its group)
+        # split classes until each group of a kind holds the same classes, and play the calls by class
+        classes = classifier.settle(compositions=True)
+        runs = classifier.runs_of(classes)
+        check_classes(classes, runs, run)
+        stuck, mismatched = _simulate_by_class(classes, runs)
+    findings: set[str] = set().union(*(r.findings for r in runs.values()))
+    preds = ClassView(classes, [runs[rank].prediction for rank in classes.reps],
+                      exact=lambda rank: run(rank).prediction)
+    prediction = _conclude(plan, world, deadline, preds, findings, stuck, mismatched, classes)
+    prediction.notes.append(f"model: {world:,} ranks predicted as {len(classes)} class"
+                            f"{'es' if len(classes) > 1 else ''} of ranks that run the plan alike")
+    return prediction
+
+
+def _simulate_by_class(classes: Any, runs: dict[int, RankRun]
+                       ) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
+    """simulate() played by classes (meshsim.classes.class_calls), answered in ranks: the stuck representatives in
+    their own calls, missing the ranks of their group whose classes are not there; mismatched calls with the
+    ranks of the classes that passed other sizes."""
+    from .classes import class_calls, concrete, ranks_missing
+
+    held, odd = simulate([RankPrediction(cls, calls=calls) for cls, calls in enumerate(class_calls(classes, runs))])
+    stuck = [Stuck(classes.reps[s.rank], concrete(s.call), ranks_missing(classes, concrete(s.call), s.missing))
+             for s in held]
+    mismatched = [(concrete(call), tuple(m for m in concrete(call).members if classes.of(m) in ranks))
+                  for call, ranks in odd]
+    return stuck, mismatched
+
+
+def _conclude(plan: Plan, world: int, deadline: float | None, preds: Any, findings: set[str], stuck: list[Stuck],
+              mismatched: list[tuple[Call, tuple[int, ...]]], classes: Any = None) -> Prediction:
+    """From every rank's run (or every class's: `preds` a ClassView, iterating representatives) and the
+    simulation of their blocking calls: the outcome, the culprits and the findings about the world."""
     late = [p.rank for p in preds if deadline is not None and p.slept >= deadline]
     outcome = outcome_of((p.end for p in preds), hung=bool(stuck or late))
-    prediction = Prediction(world, preds, outcome, stuck, mismatched, [], findings, late=late)
+    prediction = Prediction(world, preds, outcome, stuck, mismatched, [], findings, late=late, classes=classes)
     if outcome != PASS:
         record = prediction.as_record(deadline or 0.0)
         sizes = [r for _, odd in mismatched for r in odd]
-        prediction.culprits = blame(record, divergent_ranks(plan, world), sizes).culprits
+        culprits = blame(record, divergent_ranks(plan, world), sizes).culprits
+        prediction.culprits = classes.expand(culprits) if classes is not None else culprits
     stuck_ranks = {s.rank for s in stuck}
     if any(s.call.kind == "create" for s in stuck) and any(
             p.end == FINISHED and p.rank not in stuck_ranks for p in preds):
@@ -117,6 +189,7 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
         prediction.undefined_from = min(call.step for call, _ in mismatched)
         prediction.undefined_finding = "gloo-size-mismatch-silent"
         prediction.outcome = Quirk(ERROR, UNDEFINED, "gloo-size-mismatch-silent")
+        prediction.culprits = sorted({r for _, odd in mismatched for r in odd})
         return prediction
     derailed = [f for f in _STATEFUL_FINDINGS if f in findings]
     if derailed:
@@ -138,6 +211,9 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
         # lucky is a race.
         prediction.findings.add("group-name-collision")
         prediction.undefined_from, prediction.undefined_finding = collision, "group-name-collision"
+        prediction.collided = collision_ranks(preds, collision)
+        if outcome != PASS:
+            prediction.culprits = prediction.collided
         prediction.outcome = Quirk(outcome, UNDEFINED, "group-name-collision")
     return prediction
 
@@ -161,14 +237,20 @@ class ModelFailure(Exception):
         self.step, self.cause = step, cause
 
 
-def unpredictable(plan: Plan, world: int, exc: BaseException) -> Prediction:
+def unpredictable(plan: Plan, world: int, exc: BaseException, by_class: bool = False) -> Prediction:
     """What stands for a prediction when the model fails on a plan: it says so, at the step it failed at, and
     judges nothing."""
-    ranks = [RankPrediction(r, [SKIPPED] * len(plan.steps)) for r in range(world)]
     step = exc.step if isinstance(exc, ModelFailure) else None
     cause = exc.cause if isinstance(exc, ModelFailure) else exc
     message = f"the model cannot predict this plan: {type(cause).__name__}: {cause}"
-    return Prediction(world, ranks, UNDEFINED, [], [], [], set(), model_error=message, model_error_step=step)
+    classes, ranks = None, [RankPrediction(r, [SKIPPED] * len(plan.steps)) for r in range(1 if by_class else world)]
+    if by_class:
+        from .classes import ClassView, one_class
+
+        classes = one_class(world)
+        ranks = ClassView(classes, ranks)  # type: ignore[assignment]
+    return Prediction(world, ranks, UNDEFINED, [], [], [], set(), model_error=message, model_error_step=step,
+                      classes=classes)
 
 
 def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
@@ -180,6 +262,18 @@ def _first_step_of(preds: list[RankPrediction], finding: str) -> int:
 def predict_rank(plan: Plan, world: int, rank: int, platform: Platform = CPU) -> list[Any]:
     """One rank's predicted observations, without simulating the others (for very large worlds)."""
     return _run_rank(plan, rank, world, platform).prediction.observations
+
+
+def collision_ranks(preds: list[RankPrediction], step: int) -> list[int]:
+    """The ranks that made, at `step`, a group under a name other ranks gave a different group: where the crossed
+    groups leave the run is a race, so a hang is theirs, whichever ranks happen to wait."""
+    made: dict[Any, dict[tuple, set[int]]] = {}
+    for pred in preds:
+        for call in pred.calls:
+            if call.kind == "create" and call.step == step:
+                name, ranks = call.key
+                made.setdefault(name, {}).setdefault(ranks, set()).add(pred.rank)
+    return sorted({r for groups in made.values() if len(groups) > 1 for creators in groups.values() for r in creators})
 
 
 def name_collision(preds: list[RankPrediction]) -> int | None:
@@ -210,6 +304,12 @@ class RankRun:
         self.handles: dict[str, Any] = {}
         self.plan = plan
         self.index = -1
+        self.step: Step | None = None  # the step being observed
+
+    def args_of(self, rank: int, own: dict) -> dict:
+        """The current step's arguments as `rank` gets them (its on_rank overrides): every rank simulates what
+        each member passes to DTensor. `own`: this rank's, the answer when no step is being observed."""
+        return self.step.args_for(rank) if self.step is not None else own
 
     @property
     def findings(self) -> set[str]:
@@ -228,6 +328,8 @@ class RankRun:
             if not isinstance(value, list) or int(item) >= len(value):
                 raise ModelRaise(Err("HandleError", f"handle {ref!r} does not exist on this rank"))
             value = value[int(item)]
+            if isinstance(value, MeshModel):
+                L.named_by_plan(value.rank_map)  # one submesh, by its index: where a rank sits in it matters
         return value
 
     def mesh(self, ref: str) -> MeshModel:
@@ -252,17 +354,20 @@ def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> Ra
 def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
     """What this rank observes at one step: the op's model step, with torch's errors as values."""
     run.index = run.model.step = index
+    run.step = st
     try:
         value = operation_of(st).model(run, args)
+        if st.out is not None:
+            run.handles[st.out] = value
+        if isinstance(value, DTensorModel):
+            run.model.touched[id(value)] = value  # its blocks depend on where the rank sits in the mesh
+        return _shape_result(run, value)
     except ModelRaise as exc:
         if st.out:
             run.handles.pop(st.out, None)
         return exc.err
     except Exception as exc:  # the model's own failure, or a case it does not cover: say at which step
         raise ModelFailure(index, exc) from exc
-    if st.out is not None:
-        run.handles[st.out] = value
-    return _shape_result(run, value)
 
 
 def _shape_result(run: RankRun, value: Any) -> Any:
@@ -282,12 +387,18 @@ def _shape_result(run: RankRun, value: Any) -> Any:
 # --------------------------------------------------------------------------------------------- the whole world
 
 
+def size_unchecked(kind: str) -> bool:
+    """Collectives whose members may pass different sizes without gloo telling them: an all_reduce, and DTensor's
+    collectives (their detail is the size each member passes, where it matters)."""
+    return kind == "all_reduce" or kind.startswith("dtensor")
+
+
 def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
     """Run every rank's blocking calls against each other; return who is left waiting, and mismatches.
 
     A call completes when every member of its group is at the same call (same group, same position in
-    that group's sequence, same op). Members of an all_reduce that disagree only on the tensor size
-    complete it anyway (gloo does not check) and are reported as mismatched. Event-driven: each rank
+    that group's sequence, same op). Members of an all_reduce (or a DTensor collective) that disagree only on
+    the tensor size complete it anyway (gloo does not check) and are reported as mismatched. Event-driven: each rank
     arrives at its next call once, so the whole world costs one pass over all calls.
     """
     pos = [0] * len(preds)
@@ -307,11 +418,14 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
         at = [preds[m].calls[pos[m]] for m in arrived]
         if any(c.kind != call.kind for c in at):
             continue
-        if call.kind != "all_reduce" and any(c.detail != call.detail for c in at):
+        if not size_unchecked(call.kind) and any(c.detail != call.detail for c in at):
             continue
         del waiting[call.key]
-        if call.kind == "all_reduce":
-            usual = Counter(c.detail for c in at).most_common(1)[0][0]  # the majority's size is the norm
+        if size_unchecked(call.kind):
+            sizes: Counter[Any] = Counter()
+            for c in at:  # the majority's size is the norm (a call of a class of ranks counts its ranks)
+                sizes[c.detail] += getattr(c, "weight", 1)
+            usual = sizes.most_common(1)[0][0]
             odd = tuple(sorted(m for m, c in zip(arrived, at) if c.detail != usual))
             if odd:
                 mismatched.append((preds[min(arrived)].calls[pos[min(arrived)]], odd))
@@ -345,13 +459,18 @@ def divergent_ranks(plan: Plan, world: int) -> set[int]:
     for st in plan.steps:
         if not st.diverges:
             continue
-        runs = {r for r in range(world) if st.runs_on(r)}
-        skipped = set(range(world)) - runs
-        odd = set(st.on_rank) & runs
-        if operation_of(st).creates_groups or len(runs) * 2 > world:
+        skip = {r for r in st.skip_on if 0 <= r < world}
+        if st.only_on is None:  # (every rank but a few: never list the world)
+            runs_count, skipped = world - len(skip), skip
+            runs: set[int] | None = None
+        else:
+            runs = {r for r in st.only_on if 0 <= r < world} - skip
+            runs_count, skipped = len(runs), set(range(world)) - runs
+        odd = {r for r in st.on_rank if isinstance(r, int) and 0 <= r < world and st.runs_on(r)}
+        if operation_of(st).creates_groups or runs_count * 2 > world:
             culprits |= odd | skipped
         else:
-            culprits |= odd | runs
+            culprits |= odd | (runs if runs is not None else set(range(world)) - skip)
     return culprits
 
 
@@ -403,8 +522,8 @@ def _as_observed(value: Any, seen: dict[int, Any]) -> Any:
         return _as_observed(value.right if value.torch == UNDEFINED else value.torch, seen)
     if isinstance(value, Err):
         return {"error": [value.type or "Exception", value.match]}
-    if not isinstance(value, (list, dict)):
-        return value
+    if not isinstance(value, (list, dict)) or type(value) is Grid:
+        return value  # (a Grid holds ranks alone)
     hit = seen.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]

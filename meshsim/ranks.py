@@ -16,3 +16,14 @@ def ranks_text(ranks: Iterable[int]) -> str:
             parts.append(str(start) if start == r else f"{start}-{r}")
             start = None
     return ",".join(parts)
+
+
+SPELLED_OUT = 64  # a group of more ranks is shown by its first ranks, its last and its size
+
+
+def group_text(ranks: Iterable[int]) -> str:
+    """A group's ranks in order, as a list; a large group (a world of a million ranks) by its ends and size."""
+    shown = list(ranks)
+    if len(shown) <= SPELLED_OUT:
+        return str(shown)
+    return f"[{', '.join(map(str, shown[:8]))}, ..., {shown[-1]}] ({len(shown):,} ranks)"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from .ranks import group_text
 from .wire import (
     DIED,
     FINISHED,
@@ -136,7 +137,7 @@ class RankState:
             return f"died (exit code {self.exitcode}) in step {self.step} ({self.op})"
         if self.end == RAISED:
             if self.failed_in is not None:
-                return f"raised in {self.failed_in.kind} on group {list(self.failed_in.ranks)}: {self.failure}"
+                return f"raised in {self.failed_in.kind} on group {group_text(self.failed_in.ranks)}: {self.failure}"
             if self.op == "function":
                 return "raised in the user function"
             if self.op == "script":
@@ -149,11 +150,12 @@ class RankState:
         at = {"function": "in the user function", "script": "in the script"}.get(self.op or "", f"step {self.step}")
         if self.call is not None:
             site = f" at {self.call.site}" if self.call.site else ""
-            return f"in {self.call.kind} on group {list(self.call.ranks)} ({at}{site})"
+            return f"in {self.call.kind} on group {group_text(self.call.ranks)} ({at}{site})"
         if self.in_flight and self.end == STUCK:
             call = next(iter(self.in_flight.values()))
             site = f" at {call.site}" if call.site else ""
-            return f"waiting on {call.kind} on group {list(call.ranks)}, issued async ({at}{site}) and not completed"
+            return (f"waiting on {call.kind} on group {group_text(call.ranks)}, issued async ({at}{site}) and not "
+                    "completed")
         if self.step is None:
             return "has not started"
         if self.step == -1:
@@ -161,6 +163,16 @@ class RankState:
         if self.op in ("function", "script"):
             return f"running the {'user function' if self.op == 'function' else 'script'} outside any collective"
         return f"running step {self.step} ({self.op}) outside any collective"
+
+
+class RunStatus(NamedTuple):
+    """How far a run is while it goes on (what a progress bar shows)."""
+
+    ended: int  # ranks whose part has ended
+    total: int
+    elapsed: float  # seconds since the run began
+    quiet: float  # seconds since the ranks last said anything
+    waiting: str  # after a quiet while (meshsim.deadlines.QUIET_S): where the unfinished ranks are, in words
 
 
 @dataclass
@@ -176,6 +188,9 @@ class RunRecord:
     moves_data: bool = True  # False on the fake tier: collectives return nothing to check
     notes: list[str] = field(default_factory=list)  # what this tier could not check, in words
     stopped: str = "finished"  # what ended the run (STOPPED)
+    # meshsim.classes.RankClasses where the model tier answered by class: states is then a ClassView (states[r] is
+    # the state of r's class; iterating gives one state per class, its representative's)
+    classes: Any = None
 
     @property
     def died(self) -> list[int]:

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -18,7 +18,7 @@ from rich.text import Text
 from . import findings as F
 from .model import to_json
 from .outcome import CRASH, ERROR, HANG, MISMATCH, PASS
-from .ranks import ranks_text
+from .ranks import group_text, ranks_text
 
 MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
@@ -35,17 +35,60 @@ def make_console(stderr: bool = False, file: Any = None, record: bool = False, w
     return console
 
 
+SHOW_AFTER_S = 3.0  # a run longer than this shows how far its ranks are
+
+
+class RunWatch:
+    """A run's progress on a rich Progress (meshsim.record.RunStatus, from the executor's `watch`): after
+    SHOW_AFTER_S, a bar of the ranks whose part has ended; when the ranks have been quiet for a while, a line saying
+    what they wait for (at most every QUIET_S). `fields`: the Progress's other columns' fields."""
+
+    def __init__(self, progress: Any, label: str = "ranks", **fields: Any):
+        self.progress, self.label, self.fields = progress, label, fields
+        self.task: Any = None
+        self.said = 0.0  # the run's time when it last said what it waits for
+
+    def __call__(self, status: Any) -> None:
+        from .deadlines import QUIET_S
+
+        if status.ended >= status.total or status.elapsed < SHOW_AFTER_S:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+                self.task, self.said = None, 0.0
+            return
+        if self.task is None:
+            self.task = self.progress.add_task(self.label, total=status.total, **self.fields)
+        self.progress.update(self.task, completed=status.ended, total=status.total)
+        if status.waiting and status.elapsed - self.said >= QUIET_S:
+            self.said = status.elapsed
+            self.progress.console.print(f"  still running after {status.elapsed:.0f} s, nothing new for "
+                                        f"{status.quiet:.0f} s: {status.waiting}", style="dim", markup=False,
+                                        highlight=False, soft_wrap=True)
+
+
+class Steps:
+    """A bar's parts: calling it marks one done (what: the one next); .watch shows a long run's ranks."""
+
+    def __init__(self, bar: Any, task: Any, label: str):
+        self.bar, self.task = bar, task
+        self.watch = RunWatch(bar, f"  {label}: ranks", what="")
+
+    def __call__(self, what: str) -> None:
+        self.bar.update(self.task, advance=1, what=what)
+
+
 @contextlib.contextmanager
-def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Callable[[str], None]]:
+def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Steps]:
     """A bar on stderr for a run of several parts (scenarios, the nightly suite, the recipe's examples): it
-    shows where the run is and what it works on, and is gone when the run ends. Yields step(what): one part done."""
+    shows where the run is and what it works on, and is gone when the run ends; a single part shows no bar of parts,
+    but a long run still shows its ranks (Steps.watch). Yields Steps: step(what) marks one part done."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
-               TimeElapsedColumn()]
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[what]}"), TimeElapsedColumn()]
     with Progress(*columns, console=make_console(stderr=True), transient=True, disable=disable) as bar:
-        task = bar.add_task(label, total=total, what="")
-        yield lambda what: bar.update(task, advance=1, what=what)
+        task = bar.add_task(label, total=total, what="", visible=total > 1)
+        yield Steps(bar, task, label)
 
 
 OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}
@@ -322,27 +365,29 @@ PICTURE_STYLE = {"culprit": "bold white on red", "waiting": "black on yellow", "
 MAX_DRAWN = 16  # hosts, and ranks a host, drawn before the picture says "..."
 
 
-def rank_states(verdict: Any) -> dict[int, str]:
-    """What the picture shows of each rank: culprit, waiting, finished, dead, raised, or running (outside any
-    call at the end)."""
+def rank_states(verdict: Any, ranks: Any = None) -> dict[int, str]:
+    """What the picture shows of each rank (of `ranks`, default every one): culprit, waiting, finished, dead,
+    raised, or running (outside any call at the end)."""
     from .judge.blame import blocked_call
     from .wire import DIED, FINISHED, RAISED
 
     culprits = set(verdict.culprits)
+    states = verdict.record.states
     out = {}
-    for s in verdict.record.states:
-        if s.rank in culprits:
-            out[s.rank] = "culprit"
+    for rank in range(len(states)) if ranks is None else ranks:
+        s = states[rank]  # (where the model answered by class, the state of the rank's class)
+        if rank in culprits:
+            out[rank] = "culprit"
         elif s.end == DIED:
-            out[s.rank] = "dead"
+            out[rank] = "dead"
         elif blocked_call(s) is not None:
-            out[s.rank] = "waiting"
+            out[rank] = "waiting"
         elif s.end == RAISED:
-            out[s.rank] = "raised"
+            out[rank] = "raised"
         elif s.end == FINISHED:
-            out[s.rank] = "finished"
+            out[rank] = "finished"
         else:
-            out[s.rank] = "running"
+            out[rank] = "running"
     return out
 
 
@@ -352,7 +397,9 @@ def render_picture(verdict: Any, console: Console) -> None:
     from .judge.diagnose import headline_wait
 
     topology, diagnosis = verdict.topology, verdict.diagnosis
-    states = rank_states(verdict)
+    d = topology.devices_per_host
+    drawn = [h * d + i for h in range(min(topology.hosts, MAX_DRAWN)) for i in range(min(d, MAX_DRAWN))]
+    states = rank_states(verdict, drawn)
     wait = headline_wait(diagnosis.waits, diagnosis.culprits)
     outlined = set(wait.group_ranks) if wait is not None else set()
     width = len(str(topology.world - 1))
@@ -436,7 +483,7 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
         for col in ("rank", "step", "op", "call", "group", "mesh", "dim", "group coord", "missing"):
             table.add_column(col, overflow="fold")
         for w in diagnosis.waits:
-            table.add_row(str(w.rank), str(w.step), str(w.op), w.call, str(w.group_ranks), str(w.mesh or ""),
+            table.add_row(str(w.rank), str(w.step), str(w.op), w.call, group_text(w.group_ranks), str(w.mesh or ""),
                           "" if w.mesh_dim is None else str(w.mesh_dim),
                           "" if w.group_coordinate is None else str(w.group_coordinate), ranks_text(w.missing))
         console.print(table)
@@ -471,9 +518,42 @@ def render_draws(report: Any, console: Console, full: bool = False) -> None:
     console.print(table)
 
 
+def render_produced(produced: Any, console: Console, complete: bool = True) -> None:
+    """What the sweep produced and then checked: derived meshes by kind, the redistribute transform matrix (source
+    placement by position and target), and the conditions the transforms ran under; what never was, in red."""
+    from .produced import CONDITIONS, MESH_KINDS, POSITIONS, SOURCES, TARGETS
+
+    def count(n: int) -> str:
+        return f"[bold red]{n}[/]" if not n else str(n)
+
+    kinds = list(dict.fromkeys(MESH_KINDS.values()))
+    console.print("derived meshes produced and checked: "
+                  + ", ".join(f"{k} {count(produced.meshes[k])}" for k in kinds), highlight=False)
+    table = Table(title="redistribute transforms produced and checked (moves on mesh dims of size > 1)",
+                  title_justify="left")
+    table.add_column("from")
+    for position in POSITIONS:
+        for target in TARGETS:
+            table.add_column(f"{position} -> {target}", justify="right")
+    for source in SOURCES:
+        row = [source]
+        for position in POSITIONS:
+            for target in TARGETS:
+                row.append("-" if (source, target) == ("R", "R") else count(produced.cells[(position, source,
+                                                                                             target)]))
+        table.add_row(*row)
+    console.print(table)
+    console.print("transforms ran under: " + ", ".join(f"{c} {count(produced.conditions[c])}" for c in CONDITIONS),
+                  highlight=False)
+    missing = produced.missing()
+    if complete and any(missing.values()):  # a sweep stopped by a disagreement has not had its chance
+        never = [*missing["meshes"], *(" ".join(c) for c in missing["cells"]), *missing["conditions"]]
+        console.print(f"[bold red]never produced and checked:[/] {', '.join(never)}", highlight=False)
+
+
 def render_reach(reach: Any, console: Console) -> None:
     """Coverage of torch's DeviceMesh code, and where it was never reached."""
-    table = Table(title="torch DeviceMesh code reached (excluding the reviewed CPU-unreachable code)",
+    table = Table(title="torch's DeviceMesh and DTensor code reached (excluding the reviewed CPU-unreachable code)",
                   title_justify="left")
     for column in ("file", "lines", "branches", "lines never run", "branches never taken (from->to)"):
         table.add_column(column)
@@ -481,7 +561,7 @@ def render_reach(reach: Any, console: Console) -> None:
         table.add_row(f.path, f"{f.line_percent:.1f}%", f"{f.branch_percent:.1f}%",
                       _ranges(f.missing_lines), ", ".join(f"{a}->{b}" for a, b in f.missing_branches))
     console.print(table)
-    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of both files "
+    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of these files "
                   f"({len(reach.reasons)} reviewed exclusions, see meshsim/data/coverage-exclusions.toml)",
                   highlight=False)
 

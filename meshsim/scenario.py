@@ -45,6 +45,11 @@ class Scenario:
     expect: Expect = field(default_factory=Expect)
     description: str = ""
     path: str = ""
+    deadline_given: bool = True  # False: the file names none (DEFAULT_DEADLINE, grown for a larger tier: on_tier)
+
+    def on_tier(self, tier: str) -> float:
+        """The deadline to run this scenario with on a tier: its own, or the default grown with the tier and world."""
+        return self.deadline if self.deadline_given else deadlines.plan(tier, self.topology.world, self.deadline)
 
     def to_toml(self) -> str:
         data: dict[str, Any] = {"name": self.name}
@@ -111,7 +116,8 @@ def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario
         if not isinstance(data.get(key, ""), str):
             raise ScenarioError(f"{key} must be a string, got {data[key]!r}")
     name = data.get("name") or Path(path).stem or "scenario"
-    return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path)
+    return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path,
+                    deadline_given=deadline is not None or "deadline" in data)
 
 
 def _expect(raw: Any, world: int) -> Expect:
@@ -193,28 +199,41 @@ def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:
     """Steps that raise on some rank although the file does not say it means them to (expect_error): in a
     hand-written scenario that is most often a typo (a misspelt dim name, a handle), and it explains why the run
     ended otherwise than expected."""
-    from .model import torch_side
-    from .wire import is_error
+    from .ops import operation_of
+    from .ranks import ranks_text
 
     prediction = result.prediction
     if prediction is None or prediction.model_error is not None:
         return []
-    from .ops import operation_of
-
     out = []
-    for index, st in enumerate(scenario.plan.steps):
+    for index, (error, ranks) in raising_steps(scenario.plan, prediction, scenario.topology.world).items():
+        st = scenario.plan.steps[index]
         if st.expect_error or operation_of(st).role == "fault":  # a fault step raises by definition
             continue
+        out.append(f"step {index} ({st.op}) raises {error!r} on ranks {ranks_text(ranks)}, and the file does "
+                   "not say it means that (expect_error = true): a misspelt name or handle?")
+    return out
+
+
+def raising_steps(plan: Any, prediction: Any, world: int) -> dict[int, tuple[str, list[int]]]:
+    """The steps the model says raise, as torch and as is right alike (a Quirk's error is its finding's): the
+    first error of each, and the ranks it raises on."""
+    from .model import torch_side
+    from .model.expect import Quirk
+    from .wire import is_error
+
+    out: dict[int, tuple[str, list[int]]] = {}
+    for index in range(len(plan.steps)):
         raised: dict[str, list[int]] = {}
-        for rank in range(scenario.topology.world):
-            value = _as_json(torch_side(prediction.expected(rank, index)))
+        for rank in range(world):
+            expected = prediction.expected(rank, index)
+            if isinstance(expected, Quirk):
+                continue
+            value = _as_json(torch_side(expected))
             if is_error(value):
                 raised.setdefault(f"{value['error'][0]}: {value['error'][1]}", []).append(rank)
-        for error, ranks in list(raised.items())[:1]:
-            from .ranks import ranks_text
-
-            out.append(f"step {index} ({st.op}) raises {error!r} on ranks {ranks_text(ranks)}, and the file does "
-                       "not say it means that (expect_error = true): a misspelt name or handle?")
+        if raised:
+            out[index] = next(iter(raised.items()))
     return out
 
 

@@ -21,6 +21,7 @@ from .ops import OPERATIONS, of_role, rarely
 from .ops.dtensor import redistribute_targets, usable
 from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
 from .predict import RankRun, observe_step
+from .spec.placements import placement_text
 from .spec.plan import Plan, Step, step
 from .spec.topology import Topology
 
@@ -115,6 +116,11 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
             b.add(made)
             if check_every_mesh and made.out and made.out in b.run.handles:
                 b.add(step("check", mesh=made.out))
+    if "dtensor" in enabled and b.meshes() and rarely(draw, 3):
+        # a cell of the redistribute matrix, drawn directly (a random walk reaches few; drawn last, where shrinking
+        # drops it first): a sweep produces and checks every cell, under every condition (meshsim.produced)
+        handle, mesh = b.meshes()[0]
+        draw(_transform_cells(b, handle, mesh, allow_errors))
     checked = {s.args.get("mesh") for s in b.steps if s.op == "check"}
     unchecked = [h for h, _ in b.meshes() if h not in checked]
     if unchecked:
@@ -206,6 +212,9 @@ def _submesh_of_submesh(draw: Any, b: _Builder, handle: str, mesh: MeshModel, al
     b.add(step("check", mesh=handle))
 
 
+HAND_MADE_GROUPS = 64
+
+
 @st.composite
 def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """new_group for every group along some dims of a mesh, then DeviceMesh.from_group over those handles."""
@@ -214,6 +223,8 @@ def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
     if mesh.root is not None or isinstance(mesh.view, Exception) or not mesh.ndim or mesh.coordinate is None:
         return
     dims = sorted(draw(st.sets(st.integers(0, mesh.ndim - 1), min_size=1, max_size=mesh.ndim)))
+    if sum(b.world // mesh.shape[d] for d in dims) > HAND_MADE_GROUPS:
+        return  # a new_group step for each of thousands of groups: a plan too long to mean anything more
     choices = []
     for d in dims:
         handles = []
@@ -331,7 +342,323 @@ def _partial_on_equal_dims(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
     b.add(step("full_tensor", tensor=out))
 
 
-DTENSOR_COMPOSITIONS = (_dtensor_chain, _partial_on_equal_dims)
+# --------------------------------------------------------------------------------------------- the redistribute matrix
+# Each cell of meshsim.produced's matrix (where on the mesh, from which placement, to which) is drawn directly: a
+# random walk reaches a Partial(min) -> Shard move on a mesh's outer dim once in thousands of plans.
+
+
+def _fitting(mesh: MeshModel, position: str) -> list[int]:
+    """The mesh dims where `position` is (1-D, outer, inner) and something can move (size > 1)."""
+    if not usable(mesh) or not well_named(mesh):
+        return []
+    dims = [0] if position == "1-D" and mesh.ndim == 1 else [0] if position == "outer" and mesh.ndim > 1 else \
+        list(range(1, mesh.ndim)) if position == "inner" else []
+    return [d for d in dims if mesh.shape[d] > 1]
+
+
+@st.composite
+def _mesh_for(draw: Any, b: _Builder, handle: str, mesh: MeshModel, position: str) -> tuple[str, MeshModel, int]:
+    """A named mesh with a dim at `position`: the one at hand, else a new root that has one, and now and then a
+    mesh derived from it (an unflatten, a slice) for the DTensor to live on."""
+    if not _fitting(mesh, position) or draw(st.booleans()):
+        if position == "1-D":
+            shape = [b.world]
+        else:
+            shapes = [s for s in _factorisations(b.world) if len(s) > 1 and
+                      (s[0] > 1 if position == "outer" else any(n > 1 for n in s[1:]))]
+            if not shapes:
+                return handle, mesh, -1
+            shape = list(draw(st.sampled_from(shapes)))
+        handle = b.fresh("m")
+        b.add(step("init_device_mesh", shape=shape, names=[f"{handle}d{i}" for i in range(len(shape))], out=handle))
+        mesh = b.run.handles[handle]
+        if position != "1-D" and rarely(draw, 3):
+            derived = draw(_derived_for(b, handle, mesh, position))
+            if derived is not None:
+                handle, mesh = derived
+    dims = _fitting(mesh, position)
+    return (handle, mesh, draw(st.sampled_from(dims))) if dims else (handle, mesh, -1)
+
+
+@st.composite
+def _derived_for(draw: Any, b: _Builder, handle: str, mesh: MeshModel, position: str) -> tuple[str, MeshModel] | None:
+    """The same dims seen through a derived mesh: a 1-D root unflattened, or a root's slice of all its dims."""
+    out = b.fresh("v")
+    if draw(st.booleans()):
+        flat = b.fresh("f")
+        b.add(step("flatten", src=handle, name=b.fresh("fn"), out=flat))
+        b.add(step("unflatten", src=flat, dim=0, sizes=list(mesh.shape), names=[f"{out}d{i}" for i in range(mesh.ndim)],
+                   out=out))
+    else:
+        b.add(step("slice", src=handle, names=list(mesh.names or ()), out=out))
+    value = b.run.handles.get(out)
+    return (out, value) if isinstance(value, MeshModel) and _fitting(value, position) else None
+
+
+def _factorisations(world: int) -> list[tuple[int, ...]]:
+    """Shapes of two or three dims whose product is the world, size-1 dims among them."""
+    divisors = [n for n in range(1, world + 1) if world % n == 0]
+    shapes: set[tuple[int, ...]] = {(a, world // a) for a in divisors}
+    shapes |= {(a, b, world // (a * b)) for a in divisors for b in divisors if world % (a * b) == 0}
+    return sorted(shapes)
+
+
+@st.composite
+def _source(draw: Any, b: _Builder, handle: str, mesh: MeshModel, d: int, kind: str) -> str | None:
+    """A DTensor with `kind` (R, S, P(op)) at mesh dim d and drawn placements elsewhere: Partials come from
+    from_local blocks that tell ranks apart (a reduction over the wrong dim shows), the rest from distribute."""
+    partial = kind.startswith("P")
+    placements = []
+    for i in range(mesh.ndim):
+        if i == d:
+            placements.append(kind if kind != "S" else "S(0)")
+        else:
+            other = draw(st.sampled_from(["R", "S", "same"] + (["P(avg)"] if kind == "P(sum)" else [])))
+            placements.append(kind if other == "same" and partial else "R" if other in ("R", "same") else other)
+    out = b.fresh("t")
+    if partial:
+        local = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
+        placements = [p if p != "S" else f"S({draw(st.integers(0, len(local) - 1))})" for p in placements]
+        b.add(step("from_local", mesh=handle, local_shape=local, placements=placements, out=out))
+    else:
+        shape = draw(st.lists(st.sampled_from(sorted({1, 2, 3, 4, 5, 6, 7, 8, 9} | set(mesh.shape))), min_size=1,
+                              max_size=3))
+        placements = [p if p != "S" else f"S({draw(st.integers(0, len(shape) - 1))})" for p in placements]
+        b.add(step("distribute", mesh=handle, shape=shape, placements=placements, out=out))
+    return out if out in b.run.handles else None
+
+
+@st.composite
+def _transform_cells(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
+    """One cell's source at a drawn position, redistributed to both targets there (Replicate and a Shard), the
+    Shard then moved to another tensor dim and gathered: four cells of the matrix from one source, on a root that
+    is flattened first now and then (torch then merges collectives), on a derived mesh now and then, and with the
+    same root derived again afterwards."""
+    position = draw(st.sampled_from(["1-D", "outer", "inner"]))
+    handle, mesh, d = draw(_mesh_for(b, handle, mesh, position))
+    if d < 0:
+        return
+    if mesh.ndim > 1 and rarely(draw, 3):
+        b.add(step("flatten", src=handle, name=b.fresh("fn"), out=b.fresh("f")))  # torch merges onto it
+    if draw(st.integers(0, 7)) == 0:  # 0 is where shrinking goes: a failure that needs only the meshes (the
+        return                        # flattened one too) loses the DTensor steps
+    kind = draw(st.sampled_from(["R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"]))
+    source = draw(_source(b, handle, mesh, d, kind))
+    dt = b.run.handles.get(source) if source else None
+    if not isinstance(dt, D.DTensorModel):
+        return
+    sharded = None
+    for target in draw(st.permutations(["R", "S"])):
+        placements = [placement_text(p) for p in dt.placements]
+        placements[d] = "R" if target == "R" else f"S({draw(st.integers(0, len(dt.shape) - 1))})"
+        others = [i for i in range(mesh.ndim) if i != d]
+        if others and rarely(draw, 3):  # another dim moves too: nested shards, merged collectives
+            other = draw(st.sampled_from(others))
+            if dt.placements[other][0] != "P":
+                placements[other] = draw(st.sampled_from(["R", placements[d]]))
+        if target == "S" and placements[d] == placement_text(dt.placements[d]):
+            continue
+        out = b.fresh("t")
+        b.add(step("redistribute", tensor=source, placements=placements, out=out))
+        if target == "S" and out in b.run.handles:
+            sharded = out
+    draw(_onward(b, sharded, d))
+
+
+@st.composite
+def _onward(draw: Any, b: _Builder, ref: str | None, d: int) -> None:
+    """A Shard at mesh dim d moved to another tensor dim (all_to_all) and gathered, with a look at its blocks."""
+    dt = b.run.handles.get(ref) if ref else None
+    if ref is None or not isinstance(dt, D.DTensorModel):
+        return
+    if len(dt.shape) > 1 and dt.placements[d][0] == "S":
+        placements = [placement_text(p) for p in dt.placements]
+        current = dt.placements[d][1]
+        placements[d] = f"S({draw(st.sampled_from([i for i in range(len(dt.shape)) if i != current]))})"
+        moved = b.fresh("t")
+        b.add(step("redistribute", tensor=ref, placements=placements, out=moved))
+        if moved in b.run.handles:
+            ref = moved
+    if draw(st.booleans()):
+        b.add(step("to_local", tensor=ref))
+    b.add(step("full_tensor", tensor=ref))
+    if rarely(draw, 3):  # summed over a dim its shards may be on: Partial(sum) where they were
+        b.add(step("sum", tensor=ref, dim=draw(st.integers(0, len(dt.shape) - 1)), out=b.fresh("t")))
+    if rarely(draw, 3):
+        draw(_derived_after(b, ref))
+
+
+@st.composite
+def _derived_after(draw: Any, b: _Builder, ref: str) -> None:
+    """The DTensor's root derived again (flattened, sliced) after its redistributes, and the DTensor's blocks put
+    on the derived mesh."""
+    dt = b.run.handles[ref]
+    mesh = dt.mesh
+    root = next((h for h, m in b.meshes() if m is mesh.root_mesh), None)
+    if root is None or not well_named(mesh.root_mesh) or mesh.root_mesh.ndim < 2:
+        return
+    out = b.fresh("v")
+    if draw(st.booleans()):
+        b.add(step("flatten", src=root, name=b.fresh("fn"), out=out))
+    else:
+        b.add(step("slice", src=root, names=list(mesh.root_mesh.names or ())[1:], out=out))
+    derived = b.run.handles.get(out)
+    if isinstance(derived, MeshModel) and usable(derived):
+        placements = ["R"] * derived.ndim
+        made = b.fresh("t")
+        b.add(step("from_local", mesh=out, tensor=ref, placements=placements, out=made))
+        b.add(step("full_tensor", tensor=made))
+
+
+DTENSOR_COMPOSITIONS = (_transform_cells, _transform_cells, _dtensor_chain, _partial_on_equal_dims)
+
+
+def matrix_plans(world: int) -> list[Plan]:
+    """Plans that produce and check every cell of the redistribute matrix and every kind of derived mesh at
+    least once: a sweep runs them first, so its reach does not hang on what the draws happen to hit. For each
+    position and source placement, a source redistributed to Replicate and to a Shard there, the Shard moved to
+    another tensor dim and gathered, on shapes that do not divide the mesh."""
+    two = [s for s in _factorisations(world) if len(s) == 2 and s[0] > 1 and s[1] > 1]
+    three = [s for s in _factorisations(world) if len(s) == 3 and min(s) > 1]
+    where = [([world], 0)]  # (mesh shape, mesh dim): a 1-D mesh's dim, an outer, an inner and a middle one
+    where += [(list(two[0]), 0), (list(two[0]), 1)] if two else []
+    where += [(list(three[0]), 1)] if three else []
+    out = []
+    for shape, d in where:
+        for kind in ("R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"):
+            out.append(Plan(tuple(_matrix_steps(shape, d, kind))))
+    if two:
+        out.append(Plan(tuple(_every_derived_mesh(list(two[0])))))
+        out.append(Plan(tuple(_conditions(list(two[0])))))
+        out.append(Plan(tuple(_dtensor_edges(list(two[0])))))
+        out.append(Plan(tuple(_device_mesh_edges(list(two[0])))))
+    return out
+
+
+def _matrix_steps(shape: list[int], d: int, kind: str) -> list[Step]:
+    names = [f"d{i}" for i in range(len(shape))]
+    steps = [step("init_device_mesh", shape=shape, names=names, out="m")]
+    placements = ["R"] * len(shape)
+    placements[d] = "S(0)" if kind == "S" else kind
+    if kind.startswith("P"):
+        steps.append(step("from_local", mesh="m", local_shape=[3, 2], placements=placements, out="t"))
+    else:
+        steps.append(step("distribute", mesh="m", shape=[shape[d] + 1, 3], placements=placements, out="t"))
+    if kind == "P(sum)" and len(shape) > 1:
+        placements[1 - d] = "P(avg)"  # torch 2.13 lets sum and avg Partials share a DTensor
+    to_r, to_s, moved = list(placements), list(placements), list(placements)
+    to_r[d], to_s[d], moved[d] = "R", "S(1)" if kind == "S" else "S(0)", "S(0)" if kind == "S" else "S(1)"
+    steps += [step("redistribute", tensor="t", placements=to_r, out="r"),
+              step("redistribute", tensor="t", placements=to_s, out="s"),
+              step("redistribute", tensor="s", placements=moved, out="u"),
+              step("to_local", tensor="u"), step("full_tensor", tensor="u")]
+    return steps
+
+
+def _conditions(shape: list[int]) -> list[Step]:
+    """Redistributes under the conditions meshsim.produced counts: merged onto a flattened root, nested and
+    uneven shards, on a derived mesh with a size-1 dim, and the root derived again afterwards."""
+    a, b = shape
+    return [step("init_device_mesh", shape=[a, 1, b], names=["a", "one", "b"], out="m"),
+            step("flatten", src="m", out="f"),
+            step("distribute", mesh="m", shape=[a * b + 1], placements=["S(0)", "R", "S(0)"], out="t"),
+            step("full_tensor", tensor="t"),
+            step("from_local", mesh="m", local_shape=[a * b], placements=["P(sum)", "R", "P(avg)"], out="p"),
+            step("redistribute", tensor="p", placements=["R", "R", "R"], out="q"), step("to_local", tensor="q"),
+            step("redistribute", tensor="p", placements=["S(0)", "R", "S(0)"], out="q2"),  # one reduce_scatter
+            step("to_local", tensor="q2"),
+            step("from_local", mesh="m", local_shape=[a * b + 1], placements=["P(max)", "R", "P(max)"], out="p3"),
+            step("redistribute", tensor="p3", placements=["S(0)", "R", "S(0)"], out="q3"),  # uneven: not merged
+            step("to_local", tensor="q3"),
+            step("slice", src="m", names=["a", "b"], out="s"),
+            step("distribute", mesh="s", shape=[b + 1, 2], placements=["S(1)", "S(0)"], out="u"),
+            step("redistribute", tensor="u", placements=["R", "S(1)"], out="v"), step("full_tensor", tensor="v"),
+            step("unflatten", src="f", dim=0, sizes=[a, b], names=["x", "y"], out="g"),
+            step("from_local", mesh="g", tensor="v", placements=["R", "S(1)"], out="w"),
+            step("full_tensor", tensor="w")]
+
+
+def _dtensor_edges(shape: list[int]) -> list[Step]:
+    """DTensor's API at its edges: Partial placements distributed, a redistribute that changes nothing, from_local
+    with a given shape and run_check, a negative Shard dim, torch.sum of Partials it must reduce first, and the
+    requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks)."""
+    a, b = shape
+    world = a * b
+    return [step("init_device_mesh", shape=[world], names=["w"], out="w"),
+            step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+            step("distribute", mesh="m", shape=[b, 3], placements=["P(sum)", "P(avg)"], out="p"),
+            step("to_local", tensor="p"),
+            step("distribute", mesh="w", shape=[world + 1], placements=["S(0)"], out="t"),
+            step("redistribute", tensor="t", placements=["S(0)"], out="same"), step("to_local", tensor="same"),
+            step("from_local", mesh="w", tensor="t", placements=["S(-1)"], shape=[world + 1], run_check=True,
+                 out="given"),
+            step("full_tensor", tensor="given"),
+            step("from_local", mesh="w", tensor="t", placements=["S(0)"], run_check=True, out="inferred"),
+            step("from_local", mesh="m", local_shape=[2, 3], placements=["R", "S(1)"], run_check=True, out="r"),
+            step("to_local", tensor="r"),
+            step("from_local", mesh="m", local_shape=[2, 3], placements=["P(max)", "S(0)"], out="mx"),
+            step("sum", tensor="mx", dim=0, out="s0"), step("to_local", tensor="s0"),
+            step("sum", tensor="mx", dim=1, out="s1"), step("to_local", tensor="s1"),
+            step("sum", tensor="p", dim=-1, out="s2"), step("to_local", tensor="s2"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "R"], out="rr"),
+            step("sum", tensor="rr", dim=0, out="s3"), step("to_local", tensor="s3"),
+            step("distribute", mesh="m", shape=[b + 1, 5], placements=["S(0)", "S(1)"], out="ss"),
+            step("full_tensor", tensor="ss"),
+            step("from_local", mesh="m", local_shape=[2], placements=["P(sum)", "P(max)"], out="mixed"),
+            step("redistribute", tensor="mx", placements=["P(sum)", "S(0)"], out="np"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "R", "R"], out="long"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim")]
+
+
+def _device_mesh_edges(shape: list[int]) -> list[Step]:
+    """DeviceMesh's requests at their edges, most of them refused: a dim left out, names that do not exist, slicing
+    out of order, unflatten sizes that do not multiply, flatten onto a taken name, from_group without what n
+    groups need, backend_override keys that are not dims, a root dim asked of a 2-D mesh."""
+    a, b = shape
+    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+            step("query", mesh="m", what="get_group"), step("query", mesh="m", what="get_local_rank"),
+            step("query", mesh="m", what="root_mesh_dim"), step("slice", src="m", names=["b", "a"], out="x1"),
+            step("slice", src="m", names="nope", out="x2"), step("slice", src="m", names=["a", "a"], out="x3"),
+            step("unflatten", src="m", dim="b", sizes=[b + 1], names=["u"], out="x4"),
+            step("unflatten", src="m", dim=2, sizes=[b], names=["u"], out="x5"),
+            step("unflatten", src="m", dim="b", sizes=[b, 1], names=["u"], out="x6"),
+            step("flatten", src="m", name="a", out="x7"),
+            step("from_group", src="m", dims=[0, 1], layout=list(range(a)), names=["p", "q"], out="x8"),
+            step("from_group", groups=[], out="x9"),
+            step("init_device_mesh", shape=shape, names=["a", "b"], backend_override=[[0, "gloo"], ["a", "gloo"]],
+                 out="x10"),
+            step("init_device_mesh", shape=[a * b], names=["w", "w"], out="x11"),
+            step("init_device_mesh", shape=shape, names=["w"], out="x13"),
+            step("init_device_mesh", shape=shape, out="unnamed"), step("slice", src="unnamed", names="a", out="x12"),
+            step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
+            step("concatenate", srcs=["sb", "sa"], out="x14"), step("concatenate", srcs=["sa", "sa"], out="x15"),
+            step("init_device_mesh", shape=shape, names=["c", "d"], out="n"),
+            step("slice", src="n", names="d", out="nd"),
+            step("concatenate", srcs=["sa", "nd"], out="x16"),
+            step("flatten", src="m", name="ab", out="f"), step("slice", src="sb", names="ab", out="x17"),
+            step("query", mesh="sa", what="get_group", dim="ab"),
+            step("unflatten", src="f", dim=0, sizes=[a, b], names=["p", "q"], backend_override=[[0, "gloo"]],
+                 out="u"), step("check", mesh="u"),
+            step("mesh", layout=list(range(a * b)), init_backend=False, out="nb"),
+            step("query", mesh="nb", what="get_group"), step("flatten", src="nb", out="x18"),
+            step("check", mesh="m")]
+
+
+def _every_derived_mesh(shape: list[int]) -> list[Step]:
+    """Each kind of derived mesh made from one root and checked."""
+    a, b = shape
+    groups = [step("new_group", ranks=list(range(i, a * b, b)), out=f"r{i}") for i in range(b)]  # dim a's lines
+    groups += [step("new_group", ranks=list(range(i * b, (i + 1) * b)), out=f"c{i}") for i in range(a)]  # dim b's
+    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"), *groups,
+            step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
+            step("concatenate", srcs=["sa", "sb"], out="c"), step("check", mesh="c"),
+            step("flatten", src="m", out="f"), step("check", mesh="f"),
+            step("unflatten", src="f", dim=0, sizes=list(shape), names=["x", "y"], out="u"), step("check", mesh="u"),
+            step("from_group", src="m", dims=["b"], out="g"), step("check", mesh="g"),
+            step("from_group", groups=[[f"r{i}" for i in range(shape[1])], [f"c{i}" for i in range(shape[0])]],
+                 layout=[list(range(i * shape[1], (i + 1) * shape[1])) for i in range(shape[0])], names=["x", "y"],
+                 out="h"), step("check", mesh="h"),
+            step("all_submeshes", src="m", dim="b", out="l"), step("check", mesh="l.0")]
 
 
 @st.composite

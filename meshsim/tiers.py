@@ -30,20 +30,29 @@ from .wire import RunPlan
 __all__ = ["TIERS", "TierError", "open_executor", "ModelExecutor"]
 
 
-def open_executor(topology: Topology, tier: str = "process", deadline: float = deadlines.PLAN_S,
+def open_executor(topology: Topology, tier: str = "process", deadline: float | None = None,
                   ranks: int | None = None, **options: Any) -> Any:
     """An executor of `tier` for `topology` (not started: use it in a `with` block).
 
-    `ranks` samples that many ranks on the fake tier (every host's first and last rank, then a seeded spread);
-    `options` go to the process tier (backend, setup, start_timeout, ...). What a tier does not take is refused
-    here, in one line, before anything starts.
+    `deadline` bounds each run (None: the tier's default for the world, meshsim.deadlines.plan); `ranks` samples
+    that many ranks on the fake tier (every host's first and last rank, then a seeded spread); `options` go to the
+    process tier (backend, setup, start_timeout, ...). What a tier does not take is refused here, in one line,
+    before anything starts.
     """
     caps = capabilities(tier)
+    watch = options.pop("watch", None)
+    executor = _executor(topology, tier, caps, deadline, ranks, options)
+    executor.watch = watch  # told how far each run is (meshsim.record.RunStatus): a progress bar
+    return executor
+
+
+def _executor(topology: Topology, tier: str, caps: Any, deadline: float | None, ranks: int | None,
+              options: dict[str, Any]) -> Any:
     if ranks is not None and tier != "fake":
         raise TierError("--ranks samples ranks on the fake tier only (the other tiers run every rank together)")
     if topology.world > caps.max_world:
         raise TierError(f"{topology} is {topology.world:,} ranks; the {tier} tier runs at most {caps.max_world:,}")
-    start_timeout = options.pop("start_timeout", deadlines.START_S)
+    start_timeout = options.pop("start_timeout", None)
     backend = options.get("backend")
     if backend not in (None, *caps.backends):
         raise TierError(f"the {tier} tier does not take backend {backend!r} (it runs {', '.join(caps.backends)})")
@@ -72,11 +81,13 @@ class ModelExecutor:
 
     tier = "model"
     capabilities = TIERS["model"]
+    watch: Callable[[Any], None] | None = None  # (the model tier has no ranks to follow)
     platform = CPU  # no ranks: the model answers for a CPU cluster
+    by_class = True  # ranks that run a plan alike are answered once (meshsim.classes): a million ranks in seconds
 
-    def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S):
+    def __init__(self, topology: Topology, deadline: float | None = None):
         self.topology = topology
-        self.deadline = deadlines.checked(deadline)
+        self.deadline = deadlines.for_tier(self.tier, topology.world, deadline)[0]
 
     @property
     def world(self) -> int:
@@ -103,8 +114,9 @@ class ModelExecutor:
         if prediction is None:
             from .check import prediction_for
 
-            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform)
+            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform, self.by_class)
         record = prediction.as_record(work.deadline, self.tier, work.plan)
         record.elapsed = time.monotonic() - started
         record.notes.append("model tier: these are the model's own predictions; torch did not run")
+        record.notes.extend(prediction.notes)
         return record

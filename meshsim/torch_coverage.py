@@ -1,10 +1,14 @@
-"""How much of torch's DeviceMesh a sweep reaches: line and branch coverage (coverage.py) of
-torch/distributed/device_mesh.py and its layout module, measured inside the ranks.
+"""How much of torch's DeviceMesh and DTensor code a sweep reaches: line and branch coverage (coverage.py),
+measured inside the ranks, reported per file.
 
-Each rank process records into its own data file (saved after every plan, so a rank killed for a hang keeps
-what it reached); the controller combines them. Code that cannot run on a CPU/gloo cluster (CUDA device setup,
-NCCL's split_group, torchcomms, XLA) is excluded by the patterns in meshsim/data/coverage-exclusions.toml, each
-with the reason it was reviewed for, so the percentage is of what a sweep here can reach.
+The files: DeviceMesh (device_mesh.py and its layout module) and DTensor's redistribution (_redistribute.py,
+placement_types.py, _collective_utils.py, _utils.py, _api.py) with the part of _ops a DTensor step reaches
+(torch.sum's reduction strategy in _math_ops.py). Each rank process records into its own data file (saved after
+every plan, so a rank killed for a hang keeps what it reached); the controller combines them. Code that a
+CPU/gloo cluster running the plan language cannot reach (CUDA device setup, NCCL's split_group, torch.compile
+and tracing, _StridedShard, the graph-based planner, ...) is excluded by the patterns in
+meshsim/data/coverage-exclusions.toml, each for the files it names and with the reason it was reviewed for, so
+the percentage is of what a sweep here can reach.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EXCLUSIONS = os.path.join(os.path.dirname(__file__), "data", "coverage-exclusions.toml")
-MODULES = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.py")
+DEVICE_MESH = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.py")
+DTENSOR = ("torch/distributed/tensor/_redistribute.py", "torch/distributed/tensor/placement_types.py",
+           "torch/distributed/tensor/_collective_utils.py", "torch/distributed/tensor/_utils.py",
+           "torch/distributed/tensor/_api.py", "torch/distributed/tensor/_ops/_math_ops.py")
+MODULES = DEVICE_MESH + DTENSOR
 
 
 def targets() -> list[str]:
-    """The two files, where this Python's torch has them (without importing torch)."""
+    """The files, where this Python's torch has them (without importing torch)."""
     spec = importlib.util.find_spec("torch")
     base = os.path.dirname(list(spec.submodule_search_locations or [""])[0]) if spec else ""
     return [os.path.join(base, module) for module in MODULES]
@@ -46,14 +54,21 @@ def measure_import(data_dir: str) -> None:
     import sys
 
     code = ("import sys; from meshsim.torch_coverage import start_in_rank; cov = start_in_rank(sys.argv[1]); "
-            "import torch.distributed.device_mesh; cov.stop(); cov.save()")
+            "import torch.distributed.device_mesh, torch.distributed.tensor, torch.distributed.tensor._ops; "
+            "cov.stop(); cov.save()")
     subprocess.run([sys.executable, "-c", code, os.path.join(data_dir, "rank")], check=True, timeout=300,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def exclusions() -> list[dict]:
+    """The reviewed rules; each applies to the files it names (`files`, default: DeviceMesh's two). `kind`:
+    "exclude" (default: the line, and the block it opens, do not count) or "partial" (the line's branches need
+    not all be taken: the arm no plan can take does not count)."""
     with open(EXCLUSIONS, "rb") as f:
-        return tomllib.load(f)["exclude"]
+        rules = tomllib.load(f)["exclude"]
+    for rule in rules:
+        rule.setdefault("files", list(DEVICE_MESH))
+    return rules
 
 
 @dataclass
@@ -87,34 +102,51 @@ class Reach:
     def to_json(self) -> dict:
         return {"branch_percent": round(self.branch_percent, 1),
                 "files": [{"file": f.path, "line_percent": round(f.line_percent, 1),
-                           "branch_percent": round(f.branch_percent, 1), "missing_lines": f.missing_lines,
-                           "missing_branches": f.missing_branches, "excluded_lines": f.excluded_lines}
+                           "branch_percent": round(f.branch_percent, 1), "branches": f.branches,
+                           "missing_lines": f.missing_lines, "missing_branches": f.missing_branches,
+                           "excluded_lines": f.excluded_lines}
                           for f in self.files]}
 
 
 def combine(data_dir: str) -> Reach:
-    """Combine the ranks' data files under data_dir and measure them against the reviewed exclusions."""
+    """Combine the ranks' data files under data_dir and measure each file against its reviewed exclusions."""
     import coverage
 
     rules = exclusions()
     measure_import(data_dir)
-    cov = coverage.Coverage(data_file=os.path.join(data_dir, "combined"), branch=True, include=targets(),
-                            config_file=False)
-    for rule in rules:
-        cov.exclude(rule["pattern"])
+    combined = os.path.join(data_dir, "combined")
+    cov = coverage.Coverage(data_file=combined, branch=True, include=targets(), config_file=False)
     cov.combine(glob.glob(os.path.join(data_dir, "rank.*")), keep=True)
     cov.save()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "reach.json")
-        cov.json_report(outfile=out, ignore_errors=True)
-        with open(out) as f:
-            data = json.load(f)["files"]
     reach = Reach(reasons=rules)
     for module, path in zip(MODULES, targets()):
-        entry = next((v for k, v in data.items() if os.path.realpath(k) == os.path.realpath(path)), None)
+        mine = [r for r in rules if module in r["files"]]
+        entry = _report(combined, path, [r["pattern"] for r in mine if r.get("kind", "exclude") == "exclude"],
+                        [r["pattern"] for r in mine if r.get("kind") == "partial"])
         if entry is None:  # no rank reached the file at all
             continue
         summary = entry["summary"]
         reach.files.append(FileReach(module, summary["num_statements"], entry["missing_lines"],
                                      summary["num_branches"], entry["missing_branches"], summary["excluded_lines"]))
     return reach
+
+
+def _report(data_file: str, path: str, patterns: list[str], partial: list[str]) -> dict | None:
+    """coverage.py's JSON report of one file, with that file's exclusions and partial-branch lines."""
+    import coverage
+
+    cov = coverage.Coverage(data_file=data_file, branch=True, include=[path], config_file=False)
+    for pattern in patterns:
+        cov.exclude(pattern)
+    for pattern in partial:
+        cov.exclude(pattern, which="partial")
+    cov.load()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reach.json")
+        try:
+            cov.json_report(morfs=[path], outfile=out, ignore_errors=True)
+        except coverage.exceptions.NoDataError:
+            return None
+        with open(out) as f:
+            data = json.load(f)["files"]
+    return next((v for k, v in data.items() if os.path.realpath(k) == os.path.realpath(path)), None)

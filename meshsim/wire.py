@@ -7,6 +7,7 @@ refuses any type it does not know, so a message nobody reads cannot pass silentl
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -31,6 +32,9 @@ def digest_ints(flat: bytes, shape: list[int]) -> dict[str, Any]:
 
 
 RUN_CHECK_CALL = "dtensor from_local run_check"  # the model's name for run_check's gather (a hang names it)
+DTENSOR_CALL = "dtensor"  # the model's calls of a DTensor step: "dtensor <step>", detail (torch's collective,)
+# What the model predicts of a DTensor's values on a mesh too large to simulate them (shapes and offsets it does)
+NOT_SIMULATED = "not simulated (a mesh of more than 1,024 ranks: local shapes, offsets and collectives are)"
 SHOWN_VALUES = 64  # a tensor of more values than this is observed as a digest
 
 
@@ -127,6 +131,14 @@ class Stop(NamedTuple):
     pass
 
 
+class Report(NamedTuple):
+    """Send now what every rank did so far (a host that keeps its ranks' progress until they finish)."""
+
+
+class Reported(NamedTuple):
+    """Everything a Report asked for has been sent."""
+
+
 # ------------------------------------------------------------------------------------------ rank -> controller
 
 class Ready(NamedTuple):
@@ -170,7 +182,8 @@ class CallDone(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Several progress messages in one: a plan's "call returned" rides with the message that follows it."""
+    """Several messages of a rank in one: a plan's "call returned" rides with the message that follows it, and a
+    thread rank's progress rides with its result (meshsim.run.threads)."""
 
     events: tuple[Any, ...]
 
@@ -209,8 +222,8 @@ class ScriptDone(NamedTuple):
 
 
 PROGRESS = (StepBegun, CallBegun, CallReturned, CallDone, FunctionBegun, MeshBuilt, Batch)
-MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Ready, JoinFailed, *PROGRESS, PlanDone, FunctionDone,
-            ScriptDone)
+MESSAGES = (RunPlan, RunFunction, RunScript, Teardown, Stop, Report, Reported, Ready, JoinFailed, *PROGRESS, PlanDone,
+            FunctionDone, ScriptDone)
 
 
 class WireError(RuntimeError):
@@ -228,6 +241,20 @@ class RankDied(NamedTuple):
     """A rank that is a thread or a loop iteration ended as a process would have died (an exit/kill fault)."""
 
     exitcode: int
+
+
+def encoded(message: Any) -> bytes:
+    """A message as a pipe carries it (multiprocessing's Connection.recv reads it back): plain pickle, without
+    multiprocessing's ForkingPickler, whose set-up per message cost a rank more than the message. Messages are
+    plain data, which needs none of its reducers."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def sender(conn: Any) -> Callable[[Any], None]:
+    """conn.send, through encoded()."""
+    def send(message: Any) -> None:
+        conn.send_bytes(encoded(message))
+    return send
 
 
 def dispatch(message: Any, handlers: dict[type, Callable[[Any], Any]]) -> Any:

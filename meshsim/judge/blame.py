@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranks import ranks_text
+from ..ranks import group_text, ranks_text
 from ..record import RankState, RunRecord
 from ..wire import DIED, FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
 
@@ -36,6 +36,7 @@ KINDS = {
     "skipped": "skipped collective",
     "mismatched": "mismatched collective",
     "size": "tensor sizes differ across ranks",
+    "collision": "groups crossed under one name",
     "unknown": "ranks waiting, cause unclear",
 }
 
@@ -94,10 +95,17 @@ def missing_from(call: CallBegun, states: list[RankState]) -> list[int]:
     return [m for m in call.ranks if m < len(states) and not same_call(call, blocked_call(states[m]))]
 
 
-def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Iterable[int] = ()) -> Blame:
+def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Iterable[int] = (),
+          collided: Iterable[int] = ()) -> Blame:
     """The one rule (see the module's docstring). `divergent`: ranks a plan makes diverge (a tie-breaker only);
-    `size_evidence`: ranks the model saw pass other tensor sizes to one collective."""
+    `size_evidence`: ranks the model saw pass other tensor sizes to one collective; `collided`: ranks the model saw
+    make different groups under one name (gloo crosses them: which ranks end up waiting, or abort, is a race, so
+    the culprits are these, the same on every run)."""
     states = record.states
+    crossed = sorted(set(collided))
+    if crossed:
+        held_now = {s.rank: c for s in states if (c := blocked_call(s)) is not None}
+        return _plainly(KINDS["collision"], crossed, states, victims=_waiting_for(held_now, crossed))
     died = [s.rank for s in states if s.end == DIED]
     if died:
         return _sizes_parted(states, died) or _plainly(KINDS["dead"], died, states)
@@ -137,7 +145,7 @@ def _sizes_parted(states: list[RankState], died: list[int]) -> Blame | None:
         odd = sorted(m for size, ranks in camps.items() if size != top[0] for m in ranks)
         note = (f"Rank{'s' if len(odd) > 1 else ''} {ranks_text(odd)} passed "
                 f"{' and '.join(size for size in camps if size != top[0])} to {call.kind} #{call.seq} on group "
-                f"{list(call.ranks)} where the others passed {top[0]}; rank {rank} {states[rank].where}.")
+                f"{group_text(call.ranks)} where the others passed {top[0]}; rank {rank} {states[rank].where}.")
         return Blame(KINDS["size"], odd, note, {}, [Cause(r, KINDS["size"], note, call.group, call.seq) for r in odd])
     return None
 
@@ -146,7 +154,7 @@ def _waiting_for(held: dict[int, CallBegun], culprits: list[int]) -> dict[int, s
     out = {}
     for rank, call in held.items():
         if rank not in culprits:
-            out[rank] = f"waits in {call.kind} on group {list(call.ranks)}"
+            out[rank] = f"waits in {call.kind} on group {group_text(call.ranks)}"
     return out
 
 
@@ -286,7 +294,7 @@ def _added_at_the_end(states: list[RankState], held: dict[int, CallBegun],
     finished, which the rule alone would call early leavers."""
     found: dict[int, Cause] = {}
     for call in {(c.group, c.seq): c for c in held.values()}.values():
-        inside = [r for r, c in held.items() if c.group == call.group and c.seq == call.seq]
+        inside = {r for r, c in held.items() if c.group == call.group and c.seq == call.seq}
         gone = [m for m in call.ranks if m < len(states) and m not in inside]
         if not gone or call.site is None or any(states[m].end != FINISHED or causes.get(m) is None
                                                 or causes[m].kind != KINDS["left"] for m in gone):
@@ -295,10 +303,10 @@ def _added_at_the_end(states: list[RankState], held: dict[int, CallBegun],
         if len(gone) > len(inside) and not made_there:
             for m in gone:
                 del causes[m]
-            found.update({r: Cause(r, KINDS["mismatched"], f"rank {r} added a call the others do not make: "
-                                   f"{call.kind} #{call.seq} on group {list(call.ranks)} at {_site(call.site)}, where "
-                                   f"ranks {ranks_text(gone)} finished without one", call.group, call.seq)
-                          for r in inside})
+            text = (f"added a call the others do not make: {call.kind} #{call.seq} on group "
+                    f"{group_text(call.ranks)} at {_site(call.site)}, where ranks {ranks_text(gone)} finished "
+                    "without one")
+            found.update({r: Cause(r, KINDS["mismatched"], f"rank {r} {text}", call.group, call.seq) for r in inside})
     return found
 
 
@@ -307,6 +315,17 @@ def _skipped_behind(states: list[RankState], order: _StateOrder, causes: dict[in
     groups' part made (the dp all_reduce), while a partner in its own group of that part has not got there yet
     (held up by the first hang). Fix the first and the partner waits for it there."""
     finished = {s.rank for s in states if s.end == FINISHED}
+    if not finished - set(causes):
+        return {}
+    members = _all_members(states)
+    group_of: dict[tuple[int, Any], str] = {}  # (rank, part) -> its group of that part
+    finished_in: dict[Any, int] = {}  # part -> how many finished ranks are members of one of its groups
+    for group in sorted(members):
+        role = order.roles.get(group, group)
+        for m in members[group]:
+            if (m, role) not in group_of:
+                group_of[(m, role)] = group
+                finished_in[role] = finished_in.get(role, 0) + (m in finished)
     made: dict[Any, set[int]] = {}
     for r in finished:
         for group, seq in states[r].issued:
@@ -315,27 +334,34 @@ def _skipped_behind(states: list[RankState], order: _StateOrder, causes: dict[in
     for r in sorted(finished - set(causes)):
         mine = {order.key(g, q) for g, q in states[r].issued}
         for key, makers in made.items():
-            role, seq = key
-            groups = [g for g in _groups_of(states, order, role) if r in _members(states, g)]
-            expected = {m for g in _groups_of(states, order, role) for m in _members(states, g)} & finished
-            if key in mine or not groups or len(makers) * 2 <= len(expected):
+            mine_there = group_of.get((r, key[0]))
+            if key in mine or mine_there is None or len(makers) * 2 <= finished_in[key[0]]:
                 continue
-            partners = [m for m in _members(states, groups[0]) if m != r and m not in finished]
+            group = mine_there
+            partners = sorted(m for m in members[group] if m != r and m not in finished)
             if partners:
                 maker = states[min(makers)]
                 text = (f"rank {r} finished without {_describe(states, maker, *_issued_as(maker, order, key))}"
                         f" (ranks {ranks_text(sorted(makers))} made it), so rank{'s' if len(partners) > 1 else ''} "
-                        f"{ranks_text(partners)} will wait for it on group {_members(states, groups[0])}: a second "
-                        "hang behind the first")
-                found[r] = Cause(r, KINDS["skipped"], text, groups[0], seq)
+                        f"{ranks_text(partners)} will wait for it on group {group_text(sorted(members[group]))}: a "
+                        "second hang behind the first")
+                found[r] = Cause(r, KINDS["skipped"], text, group, key[1])
                 break
     return found
 
 
-def _groups_of(states: list[RankState], order: _StateOrder, role: Any) -> list[str]:
-    """The groups that play `role` (a mesh dim's groups, sibling groups, or the one group itself)."""
-    names = {g for s in states for g in (*s.created, *s.calls_on)}
-    return sorted(g for g in names if order.roles.get(g, g) == role)
+def _all_members(states: list[RankState]) -> dict[str, set[int]]:
+    """Every group's members, in one pass (_members asks for one group)."""
+    members: dict[str, set[int]] = {}
+    for s in states:
+        for group, ranks in s.created.items():
+            members.setdefault(group, set()).update(ranks)
+        for call in (s.waiting_on, s.failed_in):
+            if call is not None and call.kind != "new_group":
+                members.setdefault(call.group, set()).update(call.ranks)
+        for group in s.calls_on:  # (a group known only from calls: at least the ranks that made them)
+            members.setdefault(group, set()).add(s.rank)
+    return members
 
 
 def _issued_as(state: RankState, order: _StateOrder, key: Any) -> tuple[str, int]:
@@ -355,7 +381,7 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
     state = states[m]
     count = state.calls_on.get(call.group, 0)
     wanted = order.key(call.group, count)
-    missed = f"{call.kind} #{count} on group {list(call.ranks)}"
+    missed = f"{call.kind} #{count} on group {group_text(call.ranks)}"
     held = blocked_call(state)
     if held is None:
         later = [(g, q) for g, q in state.issued if order.precedes(wanted, order.key(g, q))]
@@ -364,13 +390,13 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
                     "make after it")
             return Cause(m, KINDS["skipped"], text, call.group, count)
         if state.end == STUCK:
-            text = (f"rank {m} is in no collective, {count} calls into group {list(call.ranks)} where its peers wait "
-                    f"in #{call.seq}")
+            text = (f"rank {m} is in no collective, {count} calls into group {group_text(call.ranks)} where its peers "
+                    f"wait in #{call.seq}")
             return Cause(m, KINDS["straggler"], text, call.group, count)
-        text = f"rank {m} {state.where} after {count} calls on group {list(call.ranks)}, where its peers wait"
+        text = f"rank {m} {state.where} after {count} calls on group {group_text(call.ranks)}, where its peers wait"
         return Cause(m, KINDS["left"], text, call.group, count)
     if order.precedes(wanted, order.key(held.group, held.seq)):
-        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {list(held.ranks)}, "
+        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {group_text(held.ranks)}, "
                 "which the others make after it, and waits there")
         return Cause(m, KINDS["skipped"], text, call.group, count)
     return None
@@ -379,7 +405,7 @@ def _why_missing(states: list[RankState], order: _StateOrder, call: CallBegun, m
 def _describe(states: list[RankState], state: RankState, group: str, seq: int) -> str:
     site, kind = state.call_log.get((group, seq), (None, "?"))
     at = f" at {_site(site)}" if site is not None else ""
-    return f"{kind} #{seq} on group {_members(states, group) or group}{at}"
+    return f"{kind} #{seq} on group {group_text(_members(states, group)) if _members(states, group) else group}{at}"
 
 
 def _disagreement(states: list[RankState], call: CallBegun, divergent: set[int]) -> list[Cause]:
@@ -417,7 +443,7 @@ def _ahead(states: list[RankState], group: str, seq: int, entry: Any, camps: dic
 def _parted(states: list[RankState], call: CallBegun, seq: int, camps: dict[Any, list[int]],
             divergent: set[int]) -> list[Cause]:
     """At one position of the group, members made different calls: who parted from whom, if anyone."""
-    group = f"group {list(call.ranks)}"
+    group = f"group {group_text(call.ranks)}"
     skipped = [entry for entry in camps if _ahead(states, call.group, seq, entry, camps)]
     if len(skipped) == 2 == len(camps):  # calls that alternate (A B A B) look one ahead either way: the fewer
         fewer, more = sorted(camps, key=lambda entry: len(camps[entry]))  # ranks parted from the many
@@ -470,9 +496,9 @@ def _cycle(order: _StateOrder, held: dict[int, CallBegun], upstream: dict[int, s
             first = order.precedes(their_key, mine_key)
             if first is False or (first is None and waiting[their_key] > waiting[mine_key]):
                 continue
-            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {list(theirs.ranks)} while rank {rank} "
-                    f"waits for it in {call.kind} #{call.seq} on group {list(call.ranks)}: the two make these calls "
-                    "in opposite orders")
+            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {group_text(theirs.ranks)} while rank "
+                    f"{rank} waits for it in {call.kind} #{call.seq} on group {group_text(call.ranks)}: the two make "
+                    "these calls in opposite orders")
             blamed.setdefault(m, Cause(m, KINDS["reordered"], text, call.group, call.seq))
     if divergent & set(blamed):
         blamed = {r: c for r, c in blamed.items() if r in divergent}
@@ -487,7 +513,7 @@ def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list
         if rank in culprits:
             continue
         verb = "raised in" if states[rank].end == RAISED else "waits in"
-        out[rank] = f"{verb} {call.kind} #{call.seq} on group {list(call.ranks)}"
+        out[rank] = f"{verb} {call.kind} #{call.seq} on group {group_text(call.ranks)}"
     pairings: dict[int, list[str]] = {}
     for culprit in culprits:
         for (group, seq), (site, kind) in sorted(states[culprit].call_log.items()):
@@ -499,7 +525,8 @@ def _victims(states: list[RankState], held: dict[int, CallBegun], culprits: list
                     f"{theirs[1]} #{seq} at {_site(theirs[0])} paired with rank {culprit}'s {kind} at {_site(site)}")
     for m, pairs in pairings.items():
         more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
-        out[m] = (out.get(m, "finished") + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
+        now = out.get(m) or ("finished" if states[m].end == FINISHED and states[m].done else states[m].where)
+        out[m] = (now + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
                   "because its partner skipped or added a call")
     return out
 
@@ -570,7 +597,7 @@ def _drift(states: list[RankState]) -> Blame | None:
         ordered = sorted(camps)
         behind, later = camps[ordered[0]], sorted(r for key in ordered[1:] for r in camps[key])
         many, others = ("s" if len(behind) > 1 else ""), ("s" if len(later) > 1 else "")
-        note = (f"Group {list(ranks)} is group {ordered[0][0]} on rank{many} {ranks_text(behind)} but group "
+        note = (f"Group {group_text(ranks)} is group {ordered[0][0]} on rank{many} {ranks_text(behind)} but group "
                 f"{ordered[-1][0]} on rank{others} {ranks_text(later)}: rank{many} {ranks_text(behind)} skipped a "
                 "new_group before it (every rank must call new_group, members or not).")
         return Blame(KINDS["subset"], behind, note)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import torch_side
-from ..ranks import ranks_text
+from ..ranks import group_text, ranks_text
 from ..record import RankState, RunRecord
 from ..wire import DIED, RAISED
 from .blame import KINDS, blame, blocked_call, missing_from
@@ -71,11 +71,17 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
 
         divergent = divergent_ranks(plan, record.world)
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []
-    found = blame(record, divergent, sizes)
+    collided = prediction.collided if prediction is not None else []
+    found = blame(record, divergent, sizes, collided)
+    if record.classes is not None:  # the ranks of a culprit's class run as it does: culprits all
+        found.culprits = record.classes.expand(found.culprits)
     note = found.note
     if sizes:
         call = prediction.mismatched[0][0]
         note = f"Ranks {sizes} passed other tensor sizes to {call.describe()} at step {call.step}."
+    elif collided:
+        note = (f"Step {prediction.undefined_from} made different groups under one name on ranks "
+                f"{ranks_text(collided)} (finding group-name-collision): gloo crosses them.")
     diagnosis = Diagnosis(found.kind, found.culprits, "", waits, elsewhere, _group_stacks(record.stacks),
                           found.victims)
     diagnosis.summary = _summary(diagnosis, states) + (f" {note}" if note else "")
@@ -182,7 +188,7 @@ def _summary(d: Diagnosis, states: list[RankState]) -> str:
         at += f" at {w.site}"
     verb = "raised" if w.raised else "waits"
     return (f"{d.kind}: {lead + '; ' if lead else ''}rank {w.rank} {verb} in {w.call} #{w.seq} on group "
-            f"{w.group_ranks}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
+            f"{group_text(w.group_ranks)}{where} {at}{more}; missing: {missing}. Culprit ranks: {who}.")
 
 
 def _lead(ranks: list[int], states: list[RankState], most: int = 3) -> str:

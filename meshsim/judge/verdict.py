@@ -13,14 +13,16 @@ from typing import Any
 
 from .. import findings as F
 from ..model import Err, Quirk, to_json
-from ..model.expect import UNPREDICTED
+from ..model.expect import UNPREDICTED, Grid
 from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
 from ..predict import Prediction
 from ..record import RankState, RunRecord
 from ..spec.fields import flatten_layout
 from ..wire import (
     DIED,
+    DTENSOR_CALL,
     FINISHED,
+    NOT_SIMULATED,
     SKIPPED,
     STUCK,
     UNMOVED,
@@ -257,6 +259,11 @@ def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: P
     """The one judge: a record (of any executor, any work) against the model where there is a plan; one rule for
     the outcome (meshsim.outcome) and one for culprits (meshsim.judge.blame)."""
     differences, hits = _against_model(plan, prediction, record)
+    if record.classes is not None:  # a class's representative stands for every rank of its class
+        for hit in hits.values():
+            hit.ranks = set(record.classes.expand(hit.ranks))
+        for difference in differences:
+            difference.rows = [(record.classes.expand(ranks), e, o) for ranks, e, o in difference.rows]
     outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences))
     expected = prediction.outcome if prediction is not None else PASS
     verdict = Verdict(work, record.world, outcome, expected, record, differences, hits, plan=plan,
@@ -303,6 +310,8 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
             continue
         for index, observed in enumerate(state.observations):
             expected = prediction.expected(state.rank, index)
+            if isinstance(observed, dict) and "comms" in observed:  # the fake tier counted a DTensor step's
+                expected = with_comms(expected, predicted_comms(prediction, state.rank, index))
             for kind, path, exp, obs, finding in compare(expected, observed, "", version):
                 if kind == "diff" and racy_from is not None and index >= racy_from:
                     if prediction.undefined_finding is None:
@@ -326,6 +335,25 @@ def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
     return differences, hits
 
 
+def predicted_comms(prediction: Prediction, rank: int, step: int) -> dict[str, int]:
+    """The collectives the model says a rank's DTensor step issues, counted by name as torch's CommDebugMode counts
+    them."""
+    found: dict[str, int] = {}
+    for call in prediction.ranks[rank].calls:
+        if call.step == step and call.kind.startswith(DTENSOR_CALL + " ") and call.detail:
+            found[str(call.detail[0])] = found.get(str(call.detail[0]), 0) + 1
+    return dict(sorted(found.items()))
+
+
+def with_comms(expected: Any, comms: dict[str, int]) -> Any:
+    """An expected DTensor observation with the collectives it should have issued."""
+    if isinstance(expected, Quirk):
+        return Quirk(with_comms(expected.right, comms), with_comms(expected.torch, comms), expected.finding)
+    if isinstance(expected, dict) and not is_error(expected):
+        return dict(expected, comms=comms)
+    return expected
+
+
 _digests: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(expected view) -> (view, digest): views are shared by ranks
 
 
@@ -347,9 +375,9 @@ def digest_of(expected: Any) -> dict[str, Any]:
 
 def compare(expected: Any, observed: Any, path: str, version: str) -> list[tuple[Any, ...]]:
     """Differences between one expectation and one observation: (kind, path, expected, observed, finding)."""
-    if expected is observed or observed == UNMOVED:
-        return []  # the fake tier's collectives: nothing to compare (the report says so)
-    if type(expected) in (list, dict) and expected == observed:
+    if expected is observed or observed == UNMOVED or expected == NOT_SIMULATED:
+        return []  # the fake tier's collectives and values, and what the model does not predict: nothing to compare
+    if (type(expected) in (list, dict) or type(expected) is Grid) and expected == observed:
         return []  # equal plain data holds no Quirk or Err (they never equal JSON values): nothing to explain
     if is_digest(observed) and isinstance(expected, list):
         digest = digest_of(expected)

@@ -11,7 +11,13 @@ On a mesh whose every dim group is sorted, the two agree. Where they differ the 
 
 The transforms follow torch 2.13's greedy redistribute plan (``generate_greedy_transform_infos``) and its
 padding rules: ``torch.chunk`` chunks of ceil(n/k), trailing empty chunks, zero padding to the full chunk size
-before a collective, unpadding after it.
+before a collective, unpadding after it. torch's side also merges consecutive collectives of one kind into one
+collective on a flattened mesh that covers their dims (``_optimize_transform_infos``), where the root has one
+(finding ``dtensor-merged-collective-on-flattened-mesh``).
+
+Members that pass blocks of different sizes to one collective (from_local inferring different global shapes,
+blocks that disagree with the shape they were given) raise SizeMismatch: gloo does not check sizes, so what
+torch does there is undefined (finding ``gloo-size-mismatch-silent``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ..spec.fields import flatten_layout
 from ..spec.placements import (
@@ -31,15 +37,34 @@ from ..spec.placements import (
     parse_placement,
     placement_text,
 )
-from ..wire import local_observation, tensor_values
+from ..wire import NOT_SIMULATED, local_observation, tensor_values
+from . import layout as L
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
 __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
            "placement_text"]
 
-MAX_DTENSOR_RANKS = 256  # the model simulates the whole mesh on every rank: world squared blocks
+T = TypeVar("T")
+
+# Values are simulated for meshes up to the thread tier's largest world: the whole mesh once per step, shared by
+# every rank (meshsim.ops.dtensor memoizes it). A larger mesh (the fake and model tiers, to a million ranks) is
+# predicted without values: each rank's local shape and global offset follow from its coordinate alone, and the
+# collectives each step issues from its placements.
+MAX_DTENSOR_RANKS = 1024
 FINDING = "dtensor-chunk-by-group-rank"
+MERGED = "dtensor-merged-collective-on-flattened-mesh"
+CONTRADICTED = "from-group-groups-contradict-mesh"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
+INDEXED_DEVICE = "dtensor-indexed-device-type"  # a mesh of device type "cpu:0": strategies that price a move fail
+
+
+class SizeMismatch(Exception):
+    """Members of one collective pass blocks of different sizes: `sent` is each member's block, `dims` the mesh
+    dims of the collective."""
+
+    def __init__(self, dims: tuple[int, ...], sent: dict[int, tuple[int, ...]]):
+        super().__init__(f"members of a collective on mesh dims {list(dims)} pass different sizes: {sent}")
+        self.dims, self.sent = dims, sent
 
 # --------------------------------------------------------------------------------------------- placements
 
@@ -155,7 +180,7 @@ def split_padded(b: Block, dim: int, k: int) -> tuple[list[Block], list[int]]:
 
 def reduce_blocks(blocks: list[Block], op: str) -> Block:
     if len({b.shape for b in blocks}) != 1:
-        raise ModelRaise(Err(None, ""))  # members disagree on the size: the collective fails
+        raise SizeMismatch((), {i: b.shape for i, b in enumerate(blocks)})
     columns = list(zip(*(b.values for b in blocks)))
     if op == "sum":
         values = tuple(math.fsum(c) for c in columns)
@@ -199,26 +224,81 @@ class Geometry:
         self.coordinate = {r: tuple((i // s) % n for s, n in zip(strides, shape)) for i, r in enumerate(flat)}
         self.strides = strides
 
-    def line(self, rank: int, dim: int) -> list[int]:
-        """The members of `rank`'s group along `dim`, in coordinate order."""
-        base = sum(c * s for c, s in zip(self.coordinate[rank], self.strides)) - self.coordinate[rank][dim] \
-            * self.strides[dim]
-        return [self.flat[base + j * self.strides[dim]] for j in range(self.shape[dim])]
+    def line(self, rank: int, dims: int | tuple[int, ...]) -> list[int]:
+        """The members of `rank`'s group along `dims` (one mesh dim, or several seen as one flattened dim), in
+        coordinate order (row-major over `dims`)."""
+        dims = (dims,) if isinstance(dims, int) else dims
+        coordinate = self.coordinate[rank]
+        base = sum(c * s for c, s in zip(coordinate, self.strides)) - sum(coordinate[d] * self.strides[d]
+                                                                          for d in dims)
+        positions = [base]
+        for d in dims:
+            positions = [p + j * self.strides[d] for p in positions for j in range(self.shape[d])]
+        return [self.flat[p] for p in positions]
 
     def scrambled(self, dim: int) -> bool:
         """Whether some group along `dim` has a group-rank order other than its coordinate order."""
-        return any(self.line(r, dim) != sorted(self.line(r, dim)) for r in self.flat)
+        known = self.__dict__.setdefault("_scrambled", {})
+        if dim not in known:
+            known[dim] = any(self.line(r, dim) != sorted(self.line(r, dim)) for r in self.flat)
+        return bool(known[dim])
 
 
-Order = Callable[[Geometry, int, int], list[int]]
+class Unsimulated:
+    """The geometry of a mesh too large to simulate values on: its shape alone."""
+
+    flat: tuple[int, ...] = ()
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+
+    def scrambled(self, dim: int) -> bool:
+        return False
 
 
-def coordinate_order(geo: Geometry, rank: int, dim: int) -> list[int]:
-    return geo.line(rank, dim)
+Order = Callable[[Geometry, int, Any], list[int]]
+
+# The collectives DTensor issues (as torch's CommDebugMode counts them, torch 2.13 on a CPU group): distribute_tensor
+# scatters a Shard and broadcasts the rest along every mesh dim; a redistribute issues one per transform on a mesh
+# dim of more than one rank (Shard -> Shard gathers too: the CPU group has no all_to_all), none for Replicate ->
+# Shard (a local chunk).
+TRANSFORM_COMMS = {("S", "R"): "all_gather_into_tensor", ("S", "S"): "all_gather_into_tensor",
+                   ("P", "R"): "all_reduce", ("P", "S"): "reduce_scatter_tensor"}
 
 
-def group_rank_order(geo: Geometry, rank: int, dim: int) -> list[int]:
-    return sorted(geo.line(rank, dim))
+def distribute_comm(p: Placement) -> str:
+    return "scatter_" if p[0] == "S" else "broadcast_"
+
+
+def transform_comm(current: Placement, target: Placement) -> str | None:
+    return None if current == target else TRANSFORM_COMMS.get((current[0], target[0]))
+
+
+def local_shapes(shape: tuple[int, ...], placements: list[Placement], mesh_shape: tuple[int, ...],
+                 coordinates: Any) -> Any:
+    """local_shape_and_offset's local shapes for many coordinates at once (numpy: an array of coordinates, one row
+    each): nested chunking in mesh-dim order, torch.chunk's ceil-sized chunks."""
+    import numpy as np
+
+    coords = np.asarray(coordinates, dtype=np.int64).reshape(-1, len(mesh_shape))
+    local = np.tile(np.asarray(shape, dtype=np.int64), (coords.shape[0], 1))
+    for i, p in enumerate(placements):
+        if p[0] != "S":
+            continue
+        size, k = local[:, p[1]], mesh_shape[i]
+        chunk = -(-size // k)  # ceil
+        start = np.minimum(coords[:, i] * chunk, size)
+        local[:, p[1]] = np.clip(size - start, 0, chunk)
+    return local
+
+
+def coordinate_order(geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> list[int]:
+    return geo.line(rank, dims)
+
+
+def group_rank_order(geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> list[int]:
+    """A process group's rank order (new_group sorts), the flattened mesh's group's too."""
+    return sorted(geo.line(rank, dims))
 
 
 # --------------------------------------------------------------------------------------------- the engine
@@ -233,8 +313,8 @@ def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: i
     if len(placements) != mesh_ndim:
         raise ModelRaise(Err("ValueError", "`placements` must have the same length as `device_mesh.ndim`"))
     ops = {p[1] for p in placements if p[0] == "P"}
-    if len(ops) > 1:
-        raise ModelRaise(Err("ValueError", "mixed"))
+    if len(ops) > 1 and ops != {"sum", "avg"}:  # sum and avg commute: torch allows that pair
+        raise ModelRaise(Err("ValueError", "Mixed Partial reduce types are not supported"))
     for p in placements:
         if p[0] == "S" and not 0 <= p[1] < tensor_ndim:
             raise ModelRaise(Err(None, ""))
@@ -325,41 +405,159 @@ def greedy_transforms(src: list[Placement], dst: list[Placement],
     return out
 
 
+@dataclass(frozen=True)
+class Move:
+    """One step of a redistribution on `dims`: one mesh dim, or several that torch merged into one collective on
+    a flattened mesh (ascending). A merge of sum and avg Partials reduces as a sum, then divides by avg_scale.
+    `logical_dim`: the mesh dim whose logical shape the collective pads to (None: dims[0])."""
+
+    dims: tuple[int, ...]
+    current: Placement
+    target: Placement
+    avg_scale: int = 1
+    logical_dim: int | None = None
+
+
+COMM_KINDS = {("P", "R"): "all_reduce", ("P", "S"): "reduce_scatter", ("S", "R"): "all_gather",
+              ("S", "S"): "all_to_all"}
+MERGEABLE = ("all_gather", "all_reduce", "reduce_scatter")  # torch leaves all_to_all unmerged
+
+
+def comm_kind(move: Move) -> str | None:
+    """The collective a move makes (None: a local step, R -> S or R -> P)."""
+    return COMM_KINDS.get((move.current[0], move.target[0])) if move.current != move.target else None
+
+
+def plain_moves(src: list[Placement], dst: list[Placement], mesh_shape: tuple[int, ...]) -> list[Move]:
+    return [Move((d,), c, t) for d, c, t in greedy_transforms(src, dst, mesh_shape)]
+
+
+def _same_collective(a: Move, b: Move) -> bool:
+    """torch's are_placements_mergeable: the same move, or sum/avg Partials reduced to the same target."""
+    if (a.current, a.target) == (b.current, b.target):
+        return True
+    return a.target == b.target and a.current[0] == b.current[0] == "P" and {a.current[1], b.current[1]} <= {
+        "sum", "avg"}
+
+
+def merged_moves(moves: list[Move], mesh_shape: tuple[int, ...], flattened: Callable[[tuple[int, ...]], bool],
+                 logical: list[tuple[int, ...]]) -> list[Move]:
+    """torch's _optimize_transform_infos: runs of consecutive collectives of one kind merged into one collective
+    on a flattened mesh of the root that covers their dims (`flattened(dims)`), without reordering. `logical`:
+    this rank's logical shape per mesh dim (a reduce_scatter merges only where it divides evenly)."""
+    out: list[Move] = []
+    i = 0
+    while i < len(moves):
+        j = i + 1
+        if comm_kind(moves[i]) in MERGEABLE:
+            while j < len(moves) and comm_kind(moves[j]) in MERGEABLE and _same_collective(moves[j], moves[i]):
+                j += 1
+        merged = _merge(moves[i:j], mesh_shape, flattened, logical)
+        out.extend([merged] if merged is not None else moves[i:j])
+        i = j
+    return out
+
+
+def _merge(run: list[Move], mesh_shape: tuple[int, ...], flattened: Callable[[tuple[int, ...]], bool],
+           logical: list[tuple[int, ...]]) -> Move | None:
+    """try_create_flattened: the one move that replaces `run`, or None where torch keeps them apart."""
+    if len(run) < 2:
+        return None
+    first, kind = run[0], comm_kind(run[0])
+    dims = tuple(m.dims[0] for m in run)
+    ascending = tuple(sorted(dims))
+    # a reduce_scatter merges in ascending dim order, an all_gather (innermost first) in descending
+    if (kind == "reduce_scatter" and dims != ascending) or (kind == "all_gather" and dims != ascending[::-1]):
+        return None
+    if not flattened(ascending):
+        return None
+    at = first.dims[0]
+    if kind in ("all_gather", "reduce_scatter"):
+        affected = first.current[1] if kind == "all_gather" else first.target[1]
+        at = max(dims, key=lambda d: logical[d][affected])  # the outermost: first of the largest, as torch's max
+        if kind == "reduce_scatter" and logical[at][affected] % math.prod(mesh_shape[d] for d in dims):
+            return None
+    current, scale = first.current, 1
+    if current[0] == "P":
+        scale = math.prod(mesh_shape[m.dims[0]] for m in run if m.current == ("P", "avg"))
+        current = ("P", "sum") if scale > 1 else current
+    return Move(ascending, current, first.target, scale if scale > 1 else 1, at)
+
+
 def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[Placement],
-                 dst: list[Placement], order: Order) -> dict[int, Block]:
-    """DTensor.redistribute's communication, every member at once."""
-    for d, current, target in greedy_transforms(src, dst, geo.shape):
-        k = geo.shape[d]
-        if k == 1 or current == target:
+                 dst: list[Placement], order: Order, moves: list[Move] | None = None,
+                 beliefs: dict[int, tuple[int, ...]] | None = None) -> dict[int, Block]:
+    """DTensor.redistribute's communication, every member at once: `moves` (default: dim by dim, torch's greedy
+    plan). `beliefs`: each member's own global shape where members disagree on it (from_local inferred it)."""
+    for move in moves if moves is not None else plain_moves(src, dst, geo.shape):
+        if math.prod(geo.shape[d] for d in move.dims) == 1 or move.current == move.target:
             continue
-        logical = {r: logical_shapes(shape, src, geo.coordinate[r], geo.shape)[d] for r in geo.flat}
-        locals_ = {r: _transform(geo, locals_, r, d, current, target, logical[r], order) for r in geo.flat}
+        at = move.logical_dim if move.logical_dim is not None else move.dims[0]
+        logical = {r: logical_shapes((beliefs or {}).get(r, shape), src, geo.coordinate[r], geo.shape)[at]
+                   for r in geo.flat}
+        memo: dict[Any, Any] = {}  # what members of one group share (their padded blocks), computed once
+        locals_ = {r: _transform(locals_, order(geo, r, move.dims), r, geo.line(r, move.dims).index(r), move,
+                                 logical, memo) for r in geo.flat}
     return locals_
 
 
-def _transform(geo: Geometry, locals_: dict[int, Block], r: int, d: int, current: Placement, target: Placement,
-               logical: tuple[int, ...], order: Order) -> Block:
-    members = order(geo, r, d)
-    k, coord = len(members), geo.coordinate[r][d]
-    mine = locals_[r]
+def sent_shape(block: tuple[int, ...], move: Move, logical: tuple[int, ...], k: int) -> tuple[int, ...]:
+    """The size of what a member passes to the move's collective: its block, padded as torch pads it."""
+    out, kind = list(block), comm_kind(move)
+    if kind == "all_gather" and logical[move.current[1]] % k:
+        out[move.current[1]] = full_chunk(logical[move.current[1]], k)
+    elif kind == "reduce_scatter" and out[move.target[1]] % k:
+        out[move.target[1]] = full_chunk(out[move.target[1]], k) * k
+    elif kind == "all_to_all":
+        old, new = move.current[1], move.target[1]
+        if logical[old] % k:
+            out[old] = full_chunk(logical[old], k)
+        if logical[new] % k:
+            out[new] = full_chunk(logical[new], k) * k
+    return tuple(out)
+
+
+def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int, move: Move,
+               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None) -> Block:
+    """Rank r's block after one move: `members` in the order the collective follows, `coord` r's index along the
+    move's dims in coordinate order, `logical` every member's logical shape; `memo` keeps what the members of
+    one group compute alike (one dict per move)."""
+    current, target = move.current, move.target
+    k, mine, kind = len(members), locals_[r], comm_kind(move)
+    memo = {} if memo is None else memo
+    group = tuple(members)
+    if kind is not None and ("sizes", group) not in memo:
+        sent = {m: sent_shape(locals_[m].shape, move, logical[m], k) for m in members}
+        if len(set(sent.values())) > 1:
+            raise SizeMismatch(move.dims, sent)
+        memo[("sizes", group)] = True
     if target[0] == "R" and current[0] == "P":
-        return reduce_blocks([locals_[m] for m in members], current[1])
+        if ("reduced", group) not in memo:
+            reduced = reduce_blocks([locals_[m] for m in members], current[1])
+            memo[("reduced", group)] = scale(reduced, move.avg_scale) if move.avg_scale > 1 else reduced
+        return cast(Block, memo[("reduced", group)])
     if target[0] == "R" and current[0] == "S":
-        a, size = current[1], logical[current[1]]
-        padded = [_pad_to(locals_[m], a, size, k) for m in members]
-        return made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies the unpadded view
+        a, size = current[1], logical[r][current[1]]
+        if ("gathered", group, size) not in memo:
+            padded = [_pad_to(locals_[m], a, size, k) for m in members]
+            memo[("gathered", group, size)] = made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies
+        return cast(Block, memo[("gathered", group, size)])
     if target[0] == "S" and current[0] == "R":
         return select_chunk(mine, target[1], k, coord)
     if target[0] == "S" and current[0] == "P":
         a = target[1]
-        chunks = [split_padded(locals_[m], a, k) for m in members]
+        if ("split", group) not in memo:
+            memo[("split", group)] = [split_padded(locals_[m], a, k) for m in members]
+        chunks = memo[("split", group)]
         reduced = reduce_blocks([c[0][members.index(r)] for c in chunks], current[1])
+        if move.avg_scale > 1:
+            reduced = scale(reduced, move.avg_scale)
         pads = chunks[members.index(r)][1]
         if mine.shape[a] % k:
             return narrow(reduced, a, 0, reduced.shape[a] - pads[coord])
         return reduced
     if target[0] == "S" and current[0] == "S":
-        return _all_to_all(locals_, members, r, coord, current[1], target[1], logical)
+        return _all_to_all(locals_, members, r, coord, current[1], target[1], logical[r])
     if target[0] == "P" and current[0] == "R":
         return scale(mine, k) if target[1] == "sum" else mine
     raise ModelRaise(Err("RuntimeError", f"redistribute from {placement_text(current)} to "
@@ -407,11 +605,13 @@ class DTensorModel:
     (torch None: the model does not simulate torch here)."""
 
     mesh: Any  # MeshModel
-    geometry: Geometry | None  # None on a rank outside the mesh
+    geometry: Geometry | Unsimulated | None  # None on a rank outside the mesh
     shape: tuple[int, ...]
     placements: list[Placement]
     right: dict[int, Block]
     torch: dict[int, Block] | None
+    finding: str = FINDING  # what explains torch's blocks where they differ from the right ones
+    beliefs: dict[int, tuple[int, ...]] | None = None  # each member's global shape, where members disagree
 
     def map_sides(self, fn: Callable[[Blocks], Blocks]) -> tuple[Blocks, Blocks | None]:
         """fn of both sides' blocks; torch's stays the very same object as the right one where it was (so a later
@@ -422,15 +622,40 @@ class DTensorModel:
     def observe(self, rank: int, run: Callable[[dict[int, Block]], Any]) -> Any:
         right = run(self.right)
         if self.torch is None:  # torch's side is not simulated (see meshsim.ops.dtensor._derive)
-            return Quirk(right, UNPREDICTED, FINDING)
+            return Quirk(right, UNPREDICTED, self.finding)
         torch = run(self.torch)
-        return right if right == torch else Quirk(right, torch, FINDING)
+        return right if right == torch else Quirk(right, torch, self.finding)
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the blocks (values) are simulated; a mesh of more than MAX_DTENSOR_RANKS is not."""
+        return not isinstance(self.geometry, Unsimulated)
+
+    def mesh_shapes(self) -> Any:
+        """The distinct local shapes across the mesh (rows), from coordinates near every chunk boundary: enough to
+        tell whether the members' shards differ, without a million coordinates."""
+        import itertools
+
+        candidates = []
+        for k in self.mesh.shape:
+            near = {0, 1, k - 2, k - 1}
+            for n in set(self.shape):
+                for c in (-(-n // k) if k else 0,):
+                    if c:
+                        near |= {n // c - 1, n // c, n // c + 1}
+            candidates.append(sorted(c for c in near if 0 <= c < k))
+        coords = list(itertools.product(*candidates))
+        import numpy as np
+
+        return np.unique(local_shapes(self.shape, self.placements, tuple(self.mesh.shape), coords), axis=0)
 
     def observation(self, rank: int) -> Any:
         """What `rank` sees of this DTensor: the spec, its block's shape and values, and its global offset."""
         coordinate = self.mesh.coordinate
         local_shape, offset = local_shape_and_offset(self.shape, self.placements, coordinate, self.mesh.shape)
         texts = [placement_text(p) for p in self.placements]
+        if not self.simulated:
+            return local_observation(local_shape, NOT_SIMULATED, offset, texts, self.shape)
 
         def seen(state: dict[int, Block]) -> Any:
             block = state.get(rank, empty_block())
@@ -439,9 +664,58 @@ class DTensorModel:
         return self.observe(rank, seen)
 
 
-def geometry_of(mesh: Any) -> Geometry:
+_SIMS: dict[Any, Any] = {}  # one prediction's whole-mesh simulations, shared by the ranks that ask alike
+_SIMS_LIMIT = 4096
+
+
+def shared_sim(key: Any, inputs: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """build(), once for every rank of a prediction that asks with the same key and the very same input objects:
+    each rank's model simulates the whole mesh, and the members of one mesh would all simulate it alike."""
+    hit = _SIMS.get(key)
+    if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
+        return cast(T, hit[1])
+    if len(_SIMS) >= _SIMS_LIMIT:
+        _SIMS.clear()
+    value = build()
+    _SIMS[key] = (inputs, value)
+    return value
+
+
+def forget_sims() -> None:
+    """Drop the last prediction's simulations (a new plan's blocks are new objects)."""
+    _SIMS.clear()
+
+
+def flattened_layouts(mesh: Any) -> frozenset[Any]:
+    """The layouts of the flattened meshes of `mesh`'s root (what torch's merges look up)."""
+    return frozenset(flat.layout for flat in mesh.root_mesh.flatten_mapping.values())
+
+
+def flattened_dims(mesh: Any) -> Callable[[tuple[int, ...]], bool] | None:
+    """torch's _get_flattened_mesh_by_layout as a test on mesh dims: whether the root holds a flattened mesh
+    whose layout is those dims of `mesh` collapsed into one (None: the root has none, or `mesh` is unnamed)."""
+    root = mesh.root_mesh
+    if not mesh.names or not root.flatten_mapping:
+        return None
+    layouts = {flat.layout[0] for flat in root.flatten_mapping.values() if len(flat.layout) == 1}
+    return lambda dims: L.collapse(tuple(mesh.layout[d] for d in dims)) in layouts
+
+
+def flattened_mesh(mesh: Any, dims: tuple[int, ...]) -> Any:
+    """The flattened mesh of `mesh`'s root that covers `dims` (as flattened_dims found it)."""
+    want = L.collapse(tuple(mesh.layout[d] for d in dims))
+    return next(flat for flat in mesh.root_mesh.flatten_mapping.values() if flat.layout == (want,))
+
+
+def contradicted(mesh: Any, geo: Geometry, rank: int) -> bool:
+    """Whether this rank's process groups are not the mesh's lines (from_group takes groups and mesh as given)."""
+    return any(d < len(mesh.groups) and set(mesh.groups[d].ranks) != set(geo.line(rank, d))
+               for d in range(len(geo.shape)))
+
+
+def geometry_of(mesh: Any) -> Geometry | Unsimulated:
     if mesh.coordinate is None or not isinstance(mesh.view, list):
         raise ModelRaise(Err(None, ""))
-    if len(flatten_layout(mesh.view)) > MAX_DTENSOR_RANKS:
-        raise ValueError(f"meshsim's DTensor model simulates meshes of up to {MAX_DTENSOR_RANKS} ranks")
+    if math.prod(mesh.shape) > MAX_DTENSOR_RANKS:
+        return Unsimulated(tuple(mesh.shape))
     return Geometry(mesh.view, tuple(mesh.shape))

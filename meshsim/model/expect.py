@@ -63,8 +63,15 @@ def quirk(right: Any, torch: Any, finding: str) -> Any:
     return right if right == torch else Quirk(right, torch, finding)
 
 
+class Grid(list[Any]):
+    """A mesh's ranks as nested lists, plain ints all the way down: whoever walks an expectation for what it holds
+    (a Quirk, an error) can skip it, however large the mesh (a million ranks)."""
+
+
 def torch_side(value: Any) -> Any:
     """What torch itself is predicted to show (quirks resolved to torch's side)."""
+    if type(value) is Grid:
+        return value
     if isinstance(value, Quirk):
         return torch_side(value.torch)
     if isinstance(value, dict):

@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
-from itertools import product
 from typing import Any, TypeVar, cast
+
+import numpy as np
+
+from .expect import Grid
 
 T = TypeVar("T")
 
@@ -58,12 +61,10 @@ def sizes_of(layout: Layout) -> tuple[int, ...]:
     return tuple(size_of(d) for d in layout)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def positions(dim: Dim) -> tuple[int, ...]:
     """Positions of a dimension's coordinates, in coordinate order."""
-    if not dim:
-        return (0,)
-    return tuple(sum(c * d for c, (_, d) in zip(coord, dim)) for coord in product(*(range(s) for s, _ in dim)))
+    return tuple(position_array(dim).tolist())
 
 
 def collapse(layout: Layout) -> Dim:
@@ -86,10 +87,42 @@ def is_orthogonal(dim: Dim) -> bool:
     return all(modes[i][0] % (modes[i + 1][0] * modes[i + 1][1]) == 0 for i in range(len(modes) - 1))
 
 
-@lru_cache(maxsize=4096)
-def replica_bases(dim: Dim, extent: int) -> tuple[int, ...]:
+Positions = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@lru_cache(maxsize=256)
+def position_array(dim: Dim) -> Positions:
+    """positions() as an array (worlds of a million ranks: no Python tuple of them)."""
+    out = np.zeros(1, dtype=np.int64)
+    for size, stride in dim:
+        out = (out[:, None] + np.arange(size, dtype=np.int64)[None, :] * stride).ravel()
+    return out
+
+
+def complement(dim: Dim, extent: int) -> Dim | None:
+    """The modes whose positions, added to `dim`'s, cover [0, extent) exactly once (None: no such product)."""
+    out: list[Mode] = []
+    reached = 1  # positions below this are enumerated by the modes so far (and their complement)
+    for size, stride in sorted(dim, key=lambda m: m[1]):
+        if stride % reached:
+            return None
+        if stride > reached:
+            out.append((stride // reached, reached))
+        reached = stride * size
+    if extent % reached:
+        return None
+    if extent > reached:
+        out.append((extent // reached, reached))
+    return canonical(tuple(reversed(out)))
+
+
+@lru_cache(maxsize=256)
+def replica_bases(dim: Dim, extent: int) -> Positions:
     """Base positions of the replicas of `dim` that tile [0, extent), smallest first."""
-    covered = positions(dim)
+    rest = complement(dim, extent) if is_orthogonal(dim) else None
+    if rest is not None:
+        return np.sort(position_array(rest))
+    covered = positions(dim)  # not a product: tile greedily, smallest uncovered position first
     used = bytearray(extent)
     bases = []
     for base in range(extent):
@@ -101,20 +134,25 @@ def replica_bases(dim: Dim, extent: int) -> tuple[int, ...]:
                 raise LayoutError(f"layout {dim} does not tile {extent} positions")
             used[q] = 1
         bases.append(base)
-    return tuple(bases)
+    return np.array(bases, dtype=np.int64)
 
 
-@lru_cache(maxsize=4096)
-def cell_positions(layout: Layout) -> tuple[int, ...]:
+@lru_cache(maxsize=256)
+def cell_array(layout: Layout) -> Positions:
     """Positions of every cell of one replica (base 0), in row-major coordinate order."""
-    per_dim = [positions(d) for d in layout]
-    return tuple(sum(parts) for parts in product(*per_dim))
+    out = np.zeros(1, dtype=np.int64)
+    for dim in layout:
+        out = (out[:, None] + position_array(dim)[None, :]).ravel()
+    return out
+
+
+def cell_positions(layout: Layout) -> tuple[int, ...]:
+    return tuple(cell_array(layout).tolist())
 
 
 def replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Every replica's ranks in row-major order of the layout (flat)."""
-    cells = cell_positions(layout)
-    return [tuple(rank_map[b + p] for p in cells) for b in replica_bases(collapse(layout), len(rank_map))]
+    return [tuple(row) for row in geometry(layout, rank_map).table.tolist()]
 
 
 def nest(flat: tuple[int, ...] | list[int], shape: tuple[int, ...]) -> Any:
@@ -159,33 +197,51 @@ def modes_from_positions(pos: tuple[int, ...]) -> Dim:
 
 def split(dim: Dim, sizes: tuple[int, ...]) -> Layout:
     """Unflatten: dimension `dim` reshaped row-major into `sizes` (product must match)."""
-    pos = positions(dim)
-    inner = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
-    parts = [tuple(pos[c * inner[i]] for c in range(s)) for i, s in enumerate(sizes)]
-    for flat, coord in enumerate(product(*(range(s) for s in sizes))):
-        if pos[flat] != sum(part[c] for part, c in zip(parts, coord)):
-            raise LayoutError(f"dimension {dim} cannot be split into {sizes}")
-    return tuple(modes_from_positions(part) for part in parts)
+    grid = position_array(dim).reshape(sizes)
+    parts = [grid[tuple(slice(None) if j == i else 0 for j in range(len(sizes)))] for i in range(len(sizes))]
+    rebuilt = np.zeros(sizes, dtype=np.int64)
+    for i, part in enumerate(parts):
+        rebuilt += part.reshape(tuple(-1 if j == i else 1 for j in range(len(sizes))))
+    if not np.array_equal(rebuilt, grid):
+        raise LayoutError(f"dimension {dim} cannot be split into {sizes}")
+    return tuple(modes_from_positions(tuple(part.tolist())) for part in parts)
+
+
 
 
 # ------------------------------------------------------------------ shared by every rank of a world
 #
 # Every rank of a world asks the same questions of the same (layout, rank map): which replicas, which groups,
-# where am I. Answering each rank from scratch is O(world) per rank, O(world^2) in all (31 s at 4,096 ranks);
-# answering once and indexing by rank keeps the model linear (meshsim's model tier predicts 100,000 ranks).
-# Rank maps are large tuples whose hash costs O(world) each time, so they are keyed by identity (the model
-# passes a root's rank map on to everything derived from it) and kept alive with the entry.
+# where am I. They are answered once per (layout, rank map), as arrays indexed by rank, so the model costs the
+# same per rank at a thousand ranks as at a million. Rank maps are large tuples whose hash costs O(world) each
+# time, so they are keyed by identity (the model passes a root's rank map on to everything derived from it) and
+# kept alive with the entry.
 
-_SHARED: dict[tuple[str, Layout, int], tuple[tuple[int, ...], Any]] = {}
+RankArray = np.ndarray[Any, np.dtype[np.int64]]
+_SHARED: dict[tuple[str, Any, int], tuple[tuple[int, ...], Any]] = {}
 _SHARED_LIMIT = 512
 
 
 def forget_shared() -> None:
     """Drop what the last prediction shared (a new plan's rank maps are new objects)."""
     _SHARED.clear()
+    _PLAN_MAPS.clear()
+    _MEMO.clear()
 
 
-def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callable[[], T]) -> T:
+_MEMO: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+
+
+def memo(key: tuple[Any, ...], keep: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """What every rank computes alike from shared objects, once per prediction: `key` names them by id, `keep`
+    holds them alive with the entry (so no id is reused while it stands)."""
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _MEMO[key] = (keep, build())
+    return cast(T, hit[1])
+
+
+def _shared(kind: str, layout: Any, rank_map: tuple[int, ...], build: Callable[[], T]) -> T:
     key = (kind, layout, id(rank_map))
     hit = _SHARED.get(key)
     if hit is not None and hit[0] is rank_map:
@@ -197,6 +253,95 @@ def _shared(kind: str, layout: Layout, rank_map: tuple[int, ...], build: Callabl
     return value
 
 
+def rank_array(rank_map: tuple[int, ...]) -> RankArray:
+    """A rank map as an array (once per map)."""
+    def build() -> RankArray:
+        if rank_map is identity_map(len(rank_map)):
+            return np.arange(len(rank_map), dtype=np.int64)
+        return np.fromiter(rank_map, dtype=np.int64, count=len(rank_map))
+
+    return _shared("array", (), rank_map, build)
+
+
+class Geometry:
+    """Every replica of a layout over a rank map, and where each rank sits in them, shared by every rank.
+
+    table[i] holds replica i's ranks in row-major order of the layout; a rank's first cell is first[rank]
+    (-1: in none) and count[rank] how many cells hold it (more than one: a rank named twice in a layout).
+    """
+
+    def __init__(self, layout: Layout, rank_map: tuple[int, ...]):
+        self.layout, self.rank_map = layout, rank_map
+        ranks = rank_array(rank_map)
+        bases = replica_bases(collapse(layout), len(rank_map))
+        self.table: RankArray = ranks[bases[:, None] + cell_array(layout)[None, :]]
+        self.cells = self.table.shape[1]
+        self._first: RankArray | None = None
+        self._count: np.ndarray[Any, np.dtype[np.int32]] | None = None
+
+    @property
+    def replicas(self) -> int:
+        return int(self.table.shape[0])
+
+    def _index(self) -> None:
+        flat = self.table.ravel()
+        extent = int(flat.max()) + 1 if flat.size and flat.max() >= 0 else 1
+        inside = flat[flat >= 0]
+        self._count = np.bincount(inside, minlength=extent).astype(np.int32)
+        first = np.full(extent, -1, dtype=np.int64)
+        cells = np.flatnonzero(flat >= 0)
+        if inside.size and self._count.max() > 1:  # a rank named twice: its first cell
+            inside, at = np.unique(inside, return_index=True)
+            cells = cells[at]
+        first[inside] = cells
+        self._first = first
+
+    def count(self, rank: int) -> int:
+        """How many cells hold `rank`."""
+        if self._count is None:
+            self._index()
+        assert self._count is not None
+        return int(self._count[rank]) if 0 <= rank < self._count.size else 0
+
+    def counts(self, world: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+        """count() of every rank of the world."""
+        if self._count is None:
+            self._index()
+        assert self._count is not None
+        out = np.zeros(world, dtype=np.int32)
+        n = min(world, self._count.size)
+        out[:n] = self._count[:n]
+        return out
+
+    def first_cells(self, world: int) -> RankArray:
+        """Every rank's first cell in the table (flat index), -1 where none."""
+        if self._first is None:
+            self._index()
+        assert self._first is not None
+        out = np.full(world, -1, dtype=np.int64)
+        n = min(world, self._first.size)
+        out[:n] = self._first[:n]
+        return out
+
+    def spots(self, rank: int) -> list[tuple[int, int]]:
+        """rank -> [(replica index, flat index within it)], every cell that holds it."""
+        n = self.count(rank)
+        if n == 0:
+            return []
+        if n == 1:
+            assert self._first is not None
+            return [divmod(int(self._first[rank]), self.cells)]
+        return [divmod(int(i), self.cells) for i in np.flatnonzero(self.table.ravel() == rank)]
+
+    def row(self, replica: int) -> tuple[int, ...]:
+        return tuple(self.table[replica].tolist())
+
+
+def geometry(layout: Layout, rank_map: tuple[int, ...]) -> Geometry:
+    """Geometry(layout, rank_map), once per pair (LayoutError if the layout does not tile the rank map)."""
+    return _shared("geometry", layout, rank_map, lambda: Geometry(layout, rank_map))
+
+
 def shared_replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
     """replicas(), computed once per (layout, rank map)."""
     return _shared("replicas", layout, rank_map, lambda: replicas(layout, rank_map))
@@ -204,30 +349,19 @@ def shared_replicas(layout: Layout, rank_map: tuple[int, ...]) -> list[tuple[int
 
 def shared_flat_ranks(layout: Layout, rank_map: tuple[int, ...]) -> tuple[int, ...]:
     """Every replica's ranks, one after another: the mesh tensor DeviceMesh builds groups from, flattened."""
-    return _shared("flat", layout, rank_map, lambda: tuple(r for rep in shared_replicas(layout, rank_map) for r in rep))
+    return _shared("flat", layout, rank_map, lambda: tuple(geometry(layout, rank_map).table.ravel().tolist()))
 
 
 def shared_dim_groups(dim: Dim, rank_map: tuple[int, ...]) -> list[tuple[int, ...]]:
     return shared_replicas((dim,), rank_map)
 
 
-def placements(layout: Layout, rank_map: tuple[int, ...]) -> dict[int, list[tuple[int, int]]]:
-    """rank -> [(replica index, flat index within it)], every occurrence."""
-    def build() -> dict[int, list[tuple[int, int]]]:
-        found: dict[int, list[tuple[int, int]]] = {}
-        for rep_index, rep in enumerate(shared_replicas(layout, rank_map)):
-            for flat, r in enumerate(rep):
-                found.setdefault(r, []).append((rep_index, flat))
-        return found
-
-    return _shared("placements", layout, rank_map, build)
-
-
-def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> list[Any]:
-    """One replica as nested lists, the same object for every rank that sees it."""
-    def build() -> list[Any]:
-        nested: list[Any] = nest(shared_replicas(layout, rank_map)[replica], sizes_of(layout))
-        return nested
+def shared_view(layout: Layout, rank_map: tuple[int, ...], replica: int) -> Any:
+    """One replica as nested lists (a Grid), the same object for every rank that sees it."""
+    def build() -> Any:
+        geo = geometry(layout, rank_map)
+        nested: Any = geo.table[replica].reshape(sizes_of(layout) or ()).tolist()
+        return Grid(nested) if isinstance(nested, list) else nested
 
     return _shared(f"view{replica}", layout, rank_map, build)
 
@@ -239,29 +373,93 @@ def identity_map(n: int) -> tuple[int, ...]:
 
 
 _INTERNED: dict[tuple[int, ...], tuple[int, ...]] = {}
+_PLAN_MAPS: dict[int, tuple[int, ...]] = {}  # id -> rank map (kept alive here, so the id stays its own)
 
 
 def interned(ranks: tuple[int, ...]) -> tuple[int, ...]:
-    """One object for every equal rank map (see _shared, which keys by identity)."""
+    """One object for every equal rank map (see _shared, which keys by identity): a rank map a plan names."""
     if len(_INTERNED) > 1024:
         _INTERNED.clear()
-    return _INTERNED.setdefault(ranks, ranks)
+    kept = _INTERNED.setdefault(ranks, ranks)
+    named_by_plan(kept)
+    return kept
+
+
+def named_by_plan(rank_map: tuple[int, ...]) -> None:
+    """The plan names this rank map (an explicit layout, one submesh of a list picked by its index)."""
+    _PLAN_MAPS[id(rank_map)] = rank_map
+
+
+def is_plan_map(rank_map: tuple[int, ...]) -> bool:
+    """Whether a rank map is one the plan names (init_device_mesh's ranks, an explicit layout, a submesh picked
+    by its index), the same object on every rank, rather than one a rank made from what it sees (a group's
+    ranks, its view of a mesh): what a rank's place in it is tells ranks apart."""
+    return rank_map is identity_map(len(rank_map)) or _PLAN_MAPS.get(id(rank_map)) is rank_map
 
 
 class DimInfo:
-    """The groups along one dim of a rank map, as DeviceMesh creates them, shared by every rank."""
+    """The groups along one dim of a rank map, as DeviceMesh creates them (one per replica of the dim, in mesh
+    order), shared by every rank: a group's ranks are made into tuples only for the groups a rank asks about."""
 
     def __init__(self, dim: Dim, rank_map: tuple[int, ...], world: int):
-        self.groups = shared_dim_groups(dim, rank_map)  # in mesh order
-        self.spans_world = len(self.groups[0]) == world
-        self.sorted = [tuple(sorted(g)) for g in self.groups]  # torch's group-rank order
-        self.members: dict[int, list[int]] = {}  # rank -> indexes of its groups (several: a repeated rank)
-        for index, ranks in enumerate(self.groups):
-            for r in set(ranks):
-                self.members.setdefault(r, []).append(index)
+        self.geometry = geometry((dim,), rank_map)
+        table = self.geometry.table
+        self.count = self.geometry.replicas
+        self.size = self.geometry.cells
+        self.spans_world = self.size == world
+        ordered = np.sort(table, axis=1)
+        self.ascending = np.all(np.diff(table, axis=1) > 0, axis=1) if self.size > 1 else np.ones(self.count, bool)
+        # where mesh order and group-rank order agree: position by position (a group's source or destination
+        # may sit where they do), and rank by rank (a rank's local rank is the same either way)
+        self._agree: np.ndarray[Any, np.dtype[np.bool_]] | None = None
+        self._sorted = ordered
+        self._tuples: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         # (index, message): the first group new_group refuses, where every rank raises
-        self.first_invalid = next(((index, why) for index, ranks in enumerate(self.sorted)
-                                   if (why := group_refusal(ranks, world)) is not None), None)
+        bad = np.any(np.diff(ordered, axis=1) == 0, axis=1) if self.size > 1 else np.zeros(self.count, bool)
+        bad |= (ordered[:, 0] < 0) | (ordered[:, -1] >= world) | (self.size > world)
+        found = np.flatnonzero(bad)
+        self.first_invalid: tuple[int, str] | None = None
+        if found.size:
+            index = int(found[0])
+            why = group_refusal(self.ranks(index), world)
+            assert why is not None
+            self.first_invalid = (index, why)
+
+    def _pair(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        pair = self._tuples.get(index)
+        if pair is None:
+            pair = self._tuples[index] = (tuple(self._sorted[index].tolist()),
+                                          tuple(self.geometry.table[index].tolist()))
+        return pair
+
+    def ranks(self, index: int) -> tuple[int, ...]:
+        """Group `index`'s ranks in torch's group-rank order (sorted)."""
+        return self._pair(index)[0]
+
+    def order(self, index: int) -> tuple[int, ...]:
+        """Group `index`'s ranks in mesh order."""
+        return self._pair(index)[1]
+
+    def agreement(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Per group and position: whether mesh order and group-rank (sorted) order put the same rank there."""
+        if self._agree is None:
+            self._agree = self.geometry.table == self._sorted
+        return self._agree
+
+    def group_of(self, world: int) -> RankArray:
+        """Every rank's (first) group index along the dim, -1 where it is in none."""
+        geo = self.geometry
+        geo.count(0)  # indexes the table
+        assert geo._first is not None
+        out = np.full(world, -1, dtype=np.int64)
+        n = min(world, geo._first.size)
+        first = geo._first[:n]
+        out[:n] = np.where(first >= 0, first // max(1, self.size), -1)
+        return out
+
+    def member_of(self, rank: int) -> list[int]:
+        """Indexes of the groups that hold `rank` (several: a rank named twice)."""
+        return sorted({rep for rep, _ in self.geometry.spots(rank)})
 
 
 def group_refusal(ranks_sorted: tuple[int, ...] | list[int], world: int) -> str | None:

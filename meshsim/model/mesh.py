@@ -107,6 +107,23 @@ class RankModel:
         self.step = -1
         self.findings: set[str] = set()
         self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world), "default_pg")
+        # What this rank's answers depended on, for meshsim.classes: every geometry and dim it asked about, and
+        # for each group it created along a dim of a mesh the plan names, the dim's kind (the counter where the
+        # dim's groups start, the dim, id of the rank map)
+        self.touched: dict[int, Any] = {}
+        self.kinds: dict[tuple[Any, ...], tuple[int, L.Dim, int]] = {}
+        self.kind_dims: dict[tuple[int, L.Dim, int], L.DimInfo] = {}
+        self.dim_groups: set[int] = set()  # ids of the member tuples of groups made along mesh dims
+
+    def geometry(self, layout: L.Layout, rank_map: tuple[int, ...]) -> L.Geometry:
+        geo = L.geometry(layout, rank_map)
+        self.touched[id(geo)] = geo
+        return geo
+
+    def dim_info(self, dim: L.Dim, rank_map: tuple[int, ...]) -> L.DimInfo:
+        info = L.dim_info(dim, rank_map, self.world)
+        self.touched[id(info)] = info
+        return info
 
     # ------------------------------------------------------------------ groups and calls
 
@@ -116,10 +133,11 @@ class RankModel:
         refusal = L.group_refusal(ranks_sorted, self.world)
         if refusal is not None:
             raise ModelRaise(Err("ValueError", refusal))
+        members = tuple(ranks_sorted)
+        self.touched[id(members)] = members
         if self.rank not in ranks_sorted:
             self.group_counter += 1
             return None
-        members = tuple(ranks_sorted)
         return self._create(members, tuple(order) if order is not None else members)
 
     def _create(self, members: tuple[int, ...], order: tuple[int, ...], desc: str = "undefined") -> Group:
@@ -153,25 +171,29 @@ class RankModel:
         """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
         mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
         groups, and the first invalid group, where new_group raises); the others only advance the counter."""
-        info = L.dim_info(dim, rank_map, self.world)
+        info = self.dim_info(dim, rank_map)
         if info.spans_world and not forced:
             # A dim spanning the world reuses the default group (whatever order the mesh gives it).
-            return Group(WORLD_KEY, self.world_group.ranks, info.groups[0], self.world_group.desc)
+            return Group(WORLD_KEY, self.world_group.ranks, info.order(0), self.world_group.desc)
         start = self.group_counter
         bad = info.first_invalid
         mine = None
-        for index in info.members.get(self.rank, ()):
+        for index in info.member_of(self.rank):
             if bad is not None and index >= bad[0]:
                 break
             self.group_counter = start + index
-            group = self._create(info.sorted[index], info.groups[index], desc)
+            group = self._create(info.ranks(index), info.order(index), desc)
+            self.dim_groups.add(id(group.ranks))
+            if L.is_plan_map(rank_map):  # the same groups on every rank: one kind (else each group is its own)
+                kind = self.kinds[group.key] = (start, dim, id(rank_map))
+                self.kind_dims[kind] = info
             if mine is not None:
                 raise ModelRaise(Err("RuntimeError", "Each device mesh dimension should get only one process group"))
             mine = group
         if bad is not None:
             self.group_counter = start + bad[0]
             raise ModelRaise(Err("ValueError", bad[1]))
-        self.group_counter = start + len(info.groups)
+        self.group_counter = start + info.count
         return mine
 
     # ------------------------------------------------------------------ construction
@@ -202,20 +224,19 @@ class RankModel:
         """The `mesh` property (the replica holding this rank, or the only one) and the coordinate of `as_rank`
         (this rank, unless the mesh was built with _rank=)."""
         try:
-            reps = L.shared_replicas(layout, rank_map)
+            geo = self.geometry(layout, rank_map)
         except L.LayoutError as exc:
             return Err("RuntimeError", str(exc)), None
         shape = L.sizes_of(layout)
-        where = L.placements(layout, rank_map)
-        spots = where.get(self.rank, [])
-        if len(reps) == 1:
+        spots = geo.spots(self.rank)
+        if geo.replicas == 1:
             replica = 0
         elif spots:
             replica = spots[0][0]
         else:
             return Err("RuntimeError", "In order to get the mesh Tensor of a DeviceMesh it needs to"), None
         if as_rank != self.rank:
-            spots = where.get(as_rank, [])
+            spots = geo.spots(as_rank)
         here = [flat for rep, flat in spots if rep == replica]
         if len(here) > 1:
             raise ModelRaise(Err("AssertionError", "rank_coords.size(0) must be 0 or 1"))
@@ -444,7 +465,8 @@ class RankModel:
     def all_submeshes(self, mesh: MeshModel, name: str) -> list[MeshModel]:
         index = self.dim_by_name(mesh, name)
         out = []
-        for ranks in L.shared_dim_groups(_index(mesh.layout, index, "tuple index out of range"), mesh.rank_map):
+        info = self.dim_info(_index(mesh.layout, index, "tuple index out of range"), mesh.rank_map)
+        for ranks in (info.order(i) for i in range(info.count)):
             if self.rank in ranks and not mesh.backend_ready:  # torch reads the groups only where it is a member
                 raise ModelRaise(Err("AttributeError", "_dim_group_names"))
             sub = self.construct(L.row_major((len(ranks),)), ranks, (name,), None, False, mesh.device)

@@ -27,7 +27,7 @@ def operation_of(st: Any) -> Operation:
     return OPERATIONS[st.op]
 
 
-from . import collectives, dtensor, faults, meshes, queries  # noqa: E402,F401  -- each registers its operations
+from . import collectives, dtensor, faults, layouts, meshes, queries  # noqa: E402,F401  -- each registers its operations
 from .validate import validate  # noqa: E402
 
 

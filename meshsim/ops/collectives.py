@@ -102,10 +102,14 @@ def all_reduce_performed(ex: Any, group: Any, device: Any, numel: int) -> Any:
     if ex.rank < numel:
         x[ex.rank] = 1
     dist.all_reduce(x, group=group)
-    values = x.tolist()
+    return ex.moved(lambda: one_hot_members(x.tolist()))
+
+
+def one_hot_members(values: list[float]) -> list[Any]:
+    """The sum of one-hot vectors as the indexes that are 1 (every value, if some are neither 0 nor 1)."""
     if all(v in (0.0, 1.0) for v in values):
-        return ex.moved([i for i, v in enumerate(values) if v == 1.0])
-    return ex.moved(values)
+        return [i for i, v in enumerate(values) if v == 1.0]
+    return values
 
 
 def all_gather_expected(model: Any, group: Any) -> Any:
@@ -120,7 +124,7 @@ def all_gather_performed(ex: Any, group: Any, device: Any) -> Any:
 
     out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, torch.tensor([ex.rank], device=device), group=group)
-    return ex.moved([int(t.item()) for t in out])
+    return ex.moved(lambda: [int(t.item()) for t in out])
 
 
 def broadcast_expected(model: Any, group: Any, src: int) -> Any:
@@ -138,7 +142,7 @@ def broadcast_performed(ex: Any, group: Any, device: Any, src: int) -> Any:
 
     t = torch.tensor([ex.rank], device=device)
     dist.broadcast(t, group=group, group_src=src)
-    return ex.moved(int(t.item()))
+    return ex.moved(lambda: int(t.item()))
 
 
 def scatter_chunk(src_rank: int, index: int, numel: int) -> list[int]:
@@ -163,7 +167,7 @@ def scatter_performed(ex: Any, group: Any, device: Any, src: int, numel: int) ->
                   for i in range(dist.get_world_size(group))]
     out = torch.zeros(numel, dtype=torch.int64, device=device)
     dist.scatter(out, chunks, group=group, group_src=src)
-    return ex.moved(out.tolist())
+    return ex.moved(out.tolist)
 
 
 def reduce_scatter_expected(model: Any, group: Any, numel: int) -> Any:
@@ -182,7 +186,7 @@ def reduce_scatter_performed(ex: Any, group: Any, device: Any, numel: int) -> An
     x = torch.arange(1, size * numel + 1, dtype=torch.int64, device=device) * (ex.rank + 1)
     out = torch.zeros(numel, dtype=torch.int64, device=device)
     dist.reduce_scatter_tensor(out, x, group=group)
-    return ex.moved(out.tolist())
+    return ex.moved(out.tolist)
 
 
 # --------------------------------------------------------------------------------------------- the operations

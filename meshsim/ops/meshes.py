@@ -56,10 +56,34 @@ def nest(flat: list[int], shape: list[int]) -> list:
     return [nest(flat[i * size:(i + 1) * size], shape[1:]) for i in range(shape[0])]
 
 
+PERMUTE_EVERY_RANK_TO = 256  # larger worlds draw a permutation in a few moves (a draw per rank would not fit)
+
+
+@st.composite
+def large_permutations(draw: Any, world: int) -> list[int]:
+    """A permutation of range(world) made of a few drawn moves (reversed, rotated, two blocks swapped, some ranks
+    swapped): non-monotonic layouts of any size for a handful of draws, where a draw per rank would overrun."""
+    ranks = list(range(world))
+    if draw(st.booleans()):
+        ranks.reverse()
+    shift = draw(st.integers(0, world - 1))
+    ranks = ranks[shift:] + ranks[:shift]
+    if draw(st.booleans()):
+        size = draw(st.integers(1, world // 2))
+        a, b = sorted(draw(st.lists(st.integers(0, world // size - 1), min_size=2, max_size=2, unique=True)))
+        ranks[a * size:(a + 1) * size], ranks[b * size:(b + 1) * size] = (ranks[b * size:(b + 1) * size],
+                                                                           ranks[a * size:(a + 1) * size])
+    for _ in range(draw(st.integers(0, 3))):
+        i, j = draw(st.integers(0, world - 1)), draw(st.integers(0, world - 1))
+        ranks[i], ranks[j] = ranks[j], ranks[i]
+    return ranks
+
+
 @st.composite
 def rank_layouts(draw: Any, world: int, shape: list[int]) -> list:
     """Ranks laid out in `shape`: any permutation, and any subset of the world when shape is smaller."""
-    ranks = draw(st.permutations(range(world)))[:math.prod(shape)]
+    every = st.permutations(range(world)) if world <= PERMUTE_EVERY_RANK_TO else large_permutations(world)
+    ranks = draw(every)[:math.prod(shape)]
     if draw(st.booleans()):
         ranks = sorted(ranks) if draw(st.booleans()) else ranks
     return nest(ranks, shape)
@@ -164,19 +188,24 @@ class ExplicitMesh:
 
 # ------------------------------------------------------------------------------------------ derived meshes
 
-@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL}, ("src", "names"),
-           F.PRODUCES_MESH, weight=3)
+@operation("slice", "derive", {"src": F.MESH, "names": F.NAME_OR_NAMES, "as_list": F.BOOL,
+                                "fake_tensor_mode": F.BOOL}, ("src", "names"), F.PRODUCES_MESH, weight=3)
 class Slice:
-    """src[names] (as_list: src[[names...]], the list form)"""
+    """src[names] (as_list: src[[names...]], the list form; fake_tensor_mode: sliced inside FakeTensorMode, as
+    torch.compile traces it)"""
 
     def model(run: Any, a: dict) -> Any:
         return run.model.slice(run.mesh(a["src"]), a["names"], a.get("as_list", False))
 
     def torch(ex: Any, a: dict) -> Any:
         names = a["names"]
-        if isinstance(names, str):
-            return ex.mesh(a["src"])[names]
-        return ex.mesh(a["src"])[list(names) if a.get("as_list") else tuple(names)]
+        key = names if isinstance(names, str) else list(names) if a.get("as_list") else tuple(names)
+        if not a.get("fake_tensor_mode"):
+            return ex.mesh(a["src"])[key]
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return ex.mesh(a["src"])[key]
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -196,7 +225,8 @@ class Slice:
                 picked = picked + ["nope"]
         value: Any = picked[0] if len(picked) == 1 and draw(st.booleans()) else picked
         as_list = True if not isinstance(value, str) and rarely(draw, 5) else None
-        return step("slice", src=handle, names=value, as_list=as_list, out=b.fresh("s"))
+        fake = True if rarely(draw, 8) else None
+        return step("slice", src=handle, names=value, as_list=as_list, fake_tensor_mode=fake, out=b.fresh("s"))
 
 
 @operation("flatten", "derive", {"src": F.MESH, "name": F.NAME, "backend": F.TEXT}, ("src",), F.PRODUCES_MESH,

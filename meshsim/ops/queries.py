@@ -52,10 +52,17 @@ def torch_coordinate(mesh: Any) -> list[int] | None:
 class Query:
     """one DeviceMesh query: get_group, get_all_groups, get_local_rank, get_coordinate, size, shape, ndim, mesh,
     mesh_dim_names; group_desc (of get_group(dim)), default_group (whether get_group(dim) is the default group
-    object), root_mesh_dim (_get_root_mesh_dim()), device_type, current (`with mesh:` makes it the current mesh)"""
+    object), root_mesh_dim (_get_root_mesh_dim()), device_type, current (`with mesh:` makes it the current mesh),
+    dim_by_name (_get_mesh_dim_by_name(dim)), bound_device_id (of get_group(dim): None unless NCCL was eagerly
+    initialised)"""
 
     def model(run: Any, a: dict) -> Any:
         model, mesh, dim, what = run.model, run.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "dim_by_name":
+            return model.dim_by_name(mesh, dim)
+        if what == "bound_device_id":
+            model.get_group(mesh, dim)  # its errors
+            return None  # meshsim's ranks join the world lazily: no group is bound to a device
         if what == "group_desc":
             return model.get_group(mesh, dim).desc
         if what == "default_group":
@@ -88,6 +95,11 @@ class Query:
         import torch.distributed as dist
 
         mesh, dim, what = ex.mesh(a["mesh"]), a.get("dim"), a["what"]
+        if what == "dim_by_name":
+            return mesh._get_mesh_dim_by_name(dim)
+        if what == "bound_device_id":
+            bound = mesh.get_group(dim).bound_device_id
+            return str(bound) if bound is not None else None
         if what == "group_desc":
             return mesh.get_group(dim).group_desc
         if what == "default_group":
@@ -123,7 +135,10 @@ class Query:
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         what = draw(st.sampled_from(F.QUERIES))
         dim: Any = None
-        if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group") and (
+        if what == "dim_by_name":
+            return step("query", mesh=handle, what=what, dim=draw(st.sampled_from(
+                names_of(mesh) + (["nope"] if allow_errors or not mesh.names else []))))
+        if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group", "bound_device_id") and (
                 draw(st.integers(0, 5)) > 0 if mesh.ndim > 1 else draw(st.booleans())):
             choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
             if allow_errors:
@@ -132,7 +147,7 @@ class Query:
         return step("query", mesh=handle, what=what, dim=dim)
 
 
-@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",), weight=1)
+@operation("get_rank", "query", {"mesh": F.MESH}, ("mesh",), weight=2)
 class GetRank:
     """mesh.get_rank(): this rank's global rank, asked of a mesh"""
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import deadlines
-from ..record import RankState
+from ..ranks import ranks_text
+from ..record import RankState, RunStatus
 from ..wire import (
     DIED,
     FINISHED,
     RAISED,
+    Batch,
     FromRank,
     FunctionDone,
     PlanDone,
@@ -27,6 +29,8 @@ from ..wire import (
     ScriptDone,
 )
 from .generation import Worker
+
+RESULTS = (RankDied, PlanDone, FunctionDone, ScriptDone)  # how a rank's part of a run ends
 
 
 @dataclass
@@ -40,6 +44,11 @@ class Hosted:
 
 def absorb(state: RankState, message: Any) -> bool:
     """Take one message of a rank into its state; True once it is how the rank ended."""
+    if isinstance(message, Batch) and any(isinstance(m, RESULTS) for m in message.events):
+        ended = False
+        for inner in message.events:  # a rank's progress, then its result
+            ended = absorb(state, inner) or ended
+        return ended
     if isinstance(message, RankDied):  # a rank that is a thread or a loop iteration "died" (exit/kill fault)
         state.end, state.exitcode = DIED, message.exitcode
         return True
@@ -58,27 +67,75 @@ def absorb(state: RankState, message: Any) -> bool:
 
 def follow(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, *,
            from_last_message: bool = False, stop_on_failure: bool = False,
-           echo: Callable[[], None] | None = None) -> tuple[set[int], str]:
+           echo: Callable[[], None] | None = None, watch: Callable[[RunStatus], None] | None = None,
+           on_quiet: Callable[[], None] | None = None) -> tuple[set[int], str]:
     """Follow until every rank has ended or time is up; returns the ranks still pending (stuck), and what stopped
     the run (meshsim.record.STOPPED: every rank ended, the deadline, or a failure and its grace).
 
     from_last_message: a worker's time restarts with each message it sends (a worker that plays ranks in turn);
     stop_on_failure: a rank that raises stops the run after a grace, as torchrun stops a job; echo: called about
-    five times a second while the run goes on (live output).
+    five times a second while the run goes on (live output); watch: told twice a second how far the run is, and
+    after deadlines.QUIET_S without a word from the ranks, what they wait for; on_quiet: called when the ranks have
+    been quiet for half that (a host that keeps its ranks' progress is asked for it then).
     """
     first_death: float | None = None
+    ticker = _Ticker(hosted, states, started, echo, watch, on_quiet)
     try:
-        first_death = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, echo)
+        first_death = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, ticker)
     except KeyboardInterrupt:  # Ctrl-C where the caller lets it through (launch): the run so far is the record
         return {rank for h in hosted for rank in h.pending}, "interrupted"
-    if echo is not None:
-        echo()
+    ticker.last()
     pending = {rank for h in hosted for rank in h.pending}
     return pending, "finished" if not pending else "failure" if first_death is not None else "deadline"
 
 
+class _Ticker:
+    """What follow() does now and then while a run goes on: echo output, tell a watcher, ask a quiet host."""
+
+    def __init__(self, hosted: list[Hosted], states: list[RankState], started: float,
+                 echo: Callable[[], None] | None, watch: Callable[[RunStatus], None] | None,
+                 on_quiet: Callable[[], None] | None):
+        self.hosted, self.states, self.started = hosted, states, started
+        self.echo, self.watch, self.on_quiet = echo, watch, on_quiet
+        self.period = 0.2 if echo is not None else 0.5 if watch is not None or on_quiet is not None else None
+        self.asked = 0.0  # when on_quiet was last called
+        self.total = sum(len(h.pending) for h in hosted)  # the ranks this run follows (a sample, on the fake tier)
+
+    def __call__(self) -> None:
+        if self.echo is not None:
+            self.echo()
+        now = time.monotonic()
+        quiet = now - max([self.started] + [h.heard for h in self.hosted])
+        if self.on_quiet is not None and quiet >= deadlines.QUIET_S / 2 and now - self.asked >= deadlines.QUIET_S:
+            self.asked = now
+            self.on_quiet()
+        if self.watch is not None:
+            pending = [rank for h in self.hosted for rank in h.pending]
+            waiting = waiting_for(self.states, pending) if quiet >= deadlines.QUIET_S else ""
+            self.watch(RunStatus(self.total - len(pending), self.total, now - self.started, quiet, waiting))
+
+    def last(self) -> None:
+        if self.echo is not None:
+            self.echo()
+        if self.watch is not None:
+            pending = sum(len(h.pending) for h in self.hosted)
+            self.watch(RunStatus(self.total - pending, self.total, time.monotonic() - self.started, 0.0, ""))
+
+
+def waiting_for(states: list[RankState], pending: list[int], shown: int = 3) -> str:
+    """Where the unfinished ranks are, alike ones together: "ranks 0-3,5 in all_reduce on group [...] (step 2);
+    rank 4 running step 1 (sleep) outside any collective"."""
+    where: dict[str, list[int]] = {}
+    for rank in pending:
+        where.setdefault(states[rank].where, []).append(rank)
+    parts = [f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)} {text}"
+             for text, ranks in sorted(where.items(), key=lambda kv: -len(kv[1]))[:shown]]
+    more = f"; and {len(where) - shown} more places" if len(where) > shown else ""
+    return "; ".join(parts) + more
+
+
 def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, from_last_message: bool,
-          stop_on_failure: bool, echo: Callable[[], None] | None) -> float | None:
+          stop_on_failure: bool, tick: _Ticker) -> float | None:
     """follow()'s loop; returns when the first rank died or failed (None: none did)."""
     first_death: float | None = None
     with selectors.DefaultSelector() as selector:
@@ -93,9 +150,9 @@ def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadlin
                 limit = min(limit, first_death + deadlines.DEATH_GRACE_S)
             if limit - now <= 0:
                 break
-            if echo is not None:
-                echo()
-            timeout = limit - now if echo is None else min(limit - now, 0.2)
+            if tick.period is not None:
+                tick()
+            timeout = limit - now if tick.period is None else min(limit - now, tick.period)
             for key, _ in selector.select(timeout=timeout):
                 host, is_sentinel = key.data
                 if not host.pending:

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import ClusterError
-from ..wire import JoinFailed, Ready, Stop
+from ..wire import JoinFailed, Ready, Stop, encoded
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 from .reaper import ignore_interrupts_while, kill_group
 
@@ -43,9 +43,24 @@ def _read_since(path: str, offset: int, limit: int | None = None) -> tuple[str, 
         return "", offset
     if size <= offset:
         return "", offset
+    start = offset if limit is None else max(offset, size - limit)
     with open(path, "rb") as fh:
-        fh.seek(offset if limit is None else max(offset, size - limit))
-        return fh.read(size).decode(errors="replace"), size
+        fh.seek(start)
+        # Exactly up to `size`: what the rank writes meanwhile is read next time, from the offset returned
+        # (reading to the end here read those bytes twice).
+        data = fh.read(size - start)
+    whole = _complete_utf8(data)  # a character cut at `size` is read whole next time
+    return data[:whole].decode(errors="replace"), start + whole
+
+
+def _complete_utf8(data: bytes) -> int:
+    """The length of `data` without a UTF-8 sequence cut off at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit in what is left?
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return len(data) - back if need > back else len(data)
+    return len(data)
 
 
 @dataclass
@@ -149,12 +164,12 @@ class Generation:
                     self.reaper.watch(worker.pid)  # the worker leads its own process group
 
     def send(self, message: tuple) -> None:
+        payload = encoded(message)  # pickled once for every worker (a plan can be large)
         for worker in self.workers:
-            if worker.alive:
-                try:
-                    worker.conn.send(message)
-                except (BrokenPipeError, OSError):
-                    pass
+            try:
+                worker.conn.send_bytes(payload)
+            except (BrokenPipeError, OSError):
+                pass  # a worker that died: the follow loop buries it
 
     def stacks(self, ranks: list[int], settle_s: float = 0.2) -> dict[int, str]:
         """Python stacks of the given live ranks, dumped by faulthandler (works inside C++ waits too)."""

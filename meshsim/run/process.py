@@ -11,7 +11,7 @@ from typing import Any
 from .. import deadlines
 from ..errors import ClusterError, SetupError
 from ..outcome import outcome_of
-from ..record import RankState, RunRecord
+from ..record import RankState, RunRecord, RunStatus
 from ..spec.platform import BACKENDS, platform_for
 from ..spec.tiers import TIERS
 from ..spec.topology import Topology
@@ -52,9 +52,10 @@ class ProcessExecutor:
 
     tier = "process"
     capabilities = TIERS["process"]
+    watch: Callable[[RunStatus], None] | None = None  # told how far each run is (a progress bar)
 
-    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float = deadlines.PLAN_S,
-                 start_timeout: float = deadlines.START_S, setup: Callable | str | None = None,
+    def __init__(self, topology: Topology, backend: str = "gloo", deadline: float | None = None,
+                 start_timeout: float | None = None, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
                  echo: Callable[[int, str, str], None] | None = None, coverage_dir: str | None = None,
                  flight_recorder: str | None = None, gpus_per_host: int | None = None, split_streams: bool = False):
@@ -66,8 +67,7 @@ class ProcessExecutor:
         self.topology = topology
         self.backend = resolve_backend(backend, topology.world)
         self.platform = platform_for(self.backend)  # the model needs to know
-        self.deadline = deadlines.checked(deadline)
-        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.deadline, self.start_timeout = deadlines.for_tier(self.tier, topology.world, deadline, start_timeout)
         self.setup = setup
         self.coverage_dir = coverage_dir  # measure torch's code in the ranks (meshsim.torch_coverage)
         self.script = script
@@ -198,7 +198,8 @@ class ProcessExecutor:
         states = [RankState(rank) for rank in range(self.world)]
         hosted = [Hosted(w, [w.rank]) for w in generation.workers]
         echo = (lambda: self._echo(generation, states)) if self.echo is not None else None
-        stuck, stopped = follow(hosted, states, started, deadline, stop_on_failure=self.script, echo=echo)
+        stuck, stopped = follow(hosted, states, started, deadline, stop_on_failure=self.script, echo=echo,
+                                watch=self.watch)
         for rank in stuck:
             states[rank].end = STUCK
         if echo is None:  # (an echoed run has kept every word as it came)

@@ -42,11 +42,13 @@ class Progress:
         # -> its (group, seq), and back
         self.works: dict[Any, tuple[str, int]] = {}
         self.in_flight: dict[tuple[str, int], Any] = {}
+        self.last_asked: dict[str, tuple[int, Any]] = {}  # group name -> (id of the mesh, dim) that named it last
 
     def forget_groups(self) -> None:
         """Drop cached group descriptions (ids of destroyed groups get reused)."""
         self.group_info.clear()
         self.mesh_dims.clear()
+        self.last_asked.clear()
 
     def emit(self, event: Any) -> None:
         with self._lock:
@@ -179,7 +181,14 @@ def bind_thread(progress: Progress) -> None:
 
 
 def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
-    """Any code that asks a DeviceMesh for a dim's group teaches us which mesh dim that group is."""
+    """Any code that asks a DeviceMesh for a dim's group teaches us which mesh dim that group is (the last to ask
+    names it; the same mesh asking of the same dim again, as a plan's check does, changes nothing)."""
+    progress = current()
+    name = str(group.group_name)
+    if progress.last_asked.get(name) == (id(mesh), dim):
+        return
+    progress.last_asked[name] = (id(mesh), dim)
+    known = progress.mesh_dims
     names = mesh.mesh_dim_names
     label = "mesh(" + ",".join(names) + ")" if names else f"mesh{tuple(mesh.shape)}"
     if dim is None:  # a 1-D mesh's group (mesh["dp"].get_group()): its one dim, by name where it has one
@@ -192,7 +201,7 @@ def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
         pattern[index] = "*"
     if names and isinstance(index, int) and -len(names) <= index < len(names):
         dim = names[index]  # the dim by its name, however the code asked for it (funcol passes its index)
-    current().mesh_dims[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
+    known[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
 
 
 def install(progress: Progress) -> None:

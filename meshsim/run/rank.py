@@ -39,6 +39,7 @@ from ..wire import (
     Stop,
     Teardown,
     dispatch,
+    sender,
 )
 from .reaper import die_with_parent, lead_own_group
 
@@ -145,17 +146,18 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         from ..torch_coverage import start_in_rank
 
         measure = start_in_rank(spec.coverage_file)
+    send = sender(conn)
     try:
-        session = RankSession.join(spec.backend, spec.rank, topology.world, conn.send,
+        session = RankSession.join(spec.backend, spec.rank, topology.world, send,
                                    store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
     except Exception as exc:  # could not join the world: tell the controller why, then leave
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
     conn.send(Ready(os.getpid()))
-    serve(session, conn, measure)
+    serve(session, conn, send, measure)
 
 
-def serve(session: RankSession, conn: Any, measure: Any = None) -> None:
+def serve(session: RankSession, conn: Any, send: Callable[[Any], None], measure: Any = None) -> None:
     """The worker's command loop: one command at a time from the controller, until Stop or the pipe closes.
     `measure`: a running coverage.py measurement, saved after every plan (a rank killed for a hang keeps what
     it reached up to that plan)."""
@@ -170,11 +172,11 @@ def serve(session: RankSession, conn: Any, measure: Any = None) -> None:
         done = session.run_plan(message.plan, message.deadline)
         if measure is not None:
             measure.save()
-        conn.send(done)
+        send(done)
 
     handlers: dict[type, Callable[[Any], Any]] = {
         RunPlan: run_plan,
-        RunFunction: lambda m: conn.send(session.run_function(m.payload, m.deadline)),
+        RunFunction: lambda m: send(session.run_function(m.payload, m.deadline)),
         Teardown: lambda m: session.teardown(m.next_group_count),
         Stop: stop,
     }
@@ -351,7 +353,11 @@ class RankSession:
         return cls(rank, world, device_type, client, send)
 
     def bound_waits(self, deadline_s: float) -> None:
-        """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min)."""
+        """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min). Runs of the
+        same deadline find them bound already."""
+        if getattr(self, "_bound_to", None) == deadline_s:
+            return
+        self._bound_to = deadline_s
         timeout = timedelta(seconds=torch_wait(deadline_s))
         self.c10d.default_pg_timeout = timeout
         self.c10d.default_pg_nccl_timeout = timeout

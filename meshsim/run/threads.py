@@ -20,29 +20,35 @@ import re
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .. import deadlines
 from ..errors import ClusterError
-from ..record import RankState, RunRecord
+from ..record import RankState, RunRecord, RunStatus
 from ..spec.platform import CPU
 from ..spec.tiers import TIERS, TierError
 from ..spec.topology import Topology
 from ..wire import (
+    PROGRESS,
     STUCK,
+    Batch,
     FromRank,
     JoinFailed,
     RankDied,
     Ready,
+    Report,
+    Reported,
     RunFunction,
     RunPlan,
     RunScript,
     Stop,
     Teardown,
     dispatch,
+    encoded,
 )
-from .follow import Hosted, follow
+from .follow import Hosted, absorb, follow
 from .generation import Generation
 from .interpreter import Interpreter
 from .pool import WorkerPool
@@ -98,11 +104,24 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
     lock = threading.Lock()
+    # Each rank's progress stays here until its result goes (in the same message), or the controller asks for it
+    # (Report: a run past its deadline, or quiet for a while): a pipe message per call from 64 threads cost more
+    # than the collectives, and a rank that is a thread cannot die alone with its words unsent.
+    logs: list[deque[Any]] = [deque() for _ in range(world)]
+
+    def post(rank: int, message: Any) -> None:
+        with lock:
+            conn.send_bytes(encoded(FromRank(rank, message)))
 
     def sender(rank: int) -> Any:
+        log = logs[rank]
+
         def send(message: Any) -> None:
-            with lock:
-                conn.send(FromRank(rank, message))
+            if isinstance(message, PROGRESS):
+                log.append(message)
+                return
+            events = _drain(log)
+            post(rank, Batch((*events, message)) if events else message)
         return send
 
     joined: queue.Queue[tuple[int, Any]] = queue.Queue()
@@ -127,8 +146,23 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
             os._exit(3)
         if isinstance(message, Stop):
             os._exit(0)
+        if isinstance(message, Report):
+            for rank, log in enumerate(logs):
+                events = _drain(log)
+                if events:
+                    post(rank, Batch(tuple(events)))
+            post(-1, Reported())
+            continue
         for inbox in inboxes:
             inbox.put(message)
+
+
+def _drain(log: deque[Any]) -> list[Any]:
+    """Everything in a rank's log, taken out (popleft is atomic: the rank may be appending meanwhile)."""
+    out = []
+    while log:
+        out.append(log.popleft())
+    return out
 
 
 def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queue, joined: queue.Queue,
@@ -173,16 +207,15 @@ class ThreadExecutor:
 
     tier = "thread"
     capabilities = TIERS["thread"]
+    watch: Callable[[RunStatus], None] | None = None  # told how far each run is (a progress bar)
     platform = CPU
 
-    def __init__(self, topology: Topology, deadline: float = deadlines.PLAN_S,
-                 start_timeout: float = deadlines.START_S):
+    def __init__(self, topology: Topology, deadline: float | None = None, start_timeout: float | None = None):
         if topology.world > self.capabilities.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the thread tier runs at most "
                                f"{self.capabilities.max_world:,} (larger worlds: --tier fake or model)")
         self.topology = topology
-        self.deadline = deadlines.checked(deadline)
-        self.start_timeout = deadlines.checked(start_timeout, "start timeout")
+        self.deadline, self.start_timeout = deadlines.for_tier(self.tier, topology.world, deadline, start_timeout)
         self.thread_ranks: dict[int, int] = {}  # rank -> thread ident in the host, to split its stack dump
         self.pool = WorkerPool(self._specs, host_main, self.start_timeout, after_start=self._after_start)
 
@@ -233,7 +266,10 @@ class ThreadExecutor:
             meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
         host = Hosted(generation.workers[0], list(range(self.world)))
-        stuck, stopped = follow([host], states, started, work.deadline)
+        stuck, stopped = follow([host], states, started, work.deadline, watch=self.watch,
+                                on_quiet=lambda: _ask(host))
+        if stuck:
+            stuck = _reported(host, states, stuck)
         for rank in stuck:
             states[rank].end = STUCK
         record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
@@ -255,6 +291,36 @@ class ThreadExecutor:
             if found and by_ident.get(int(found.group(1), 16)) in ranks:
                 out[by_ident[int(found.group(1), 16)]] = block
         return out
+
+
+REPORT_WAIT_S = 5.0  # how long the host gets to send its ranks' progress when asked
+
+
+def _ask(host: Hosted) -> None:
+    """Ask the host for its ranks' progress so far (what a quiet run waits for); the answer comes as messages."""
+    try:
+        host.worker.conn.send_bytes(encoded(Report()))
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _reported(host: Hosted, states: list[RankState], stuck: set[int]) -> set[int]:
+    """Ask the host what its unfinished ranks did so far, and take it in; returns the ranks still unfinished."""
+    worker = host.worker
+    try:
+        worker.conn.send(Report())
+        end = time.monotonic() + REPORT_WAIT_S
+        while time.monotonic() < end and worker.conn.poll(max(0.0, end - time.monotonic())):
+            message = worker.conn.recv()
+            if not isinstance(message, FromRank):
+                continue
+            if isinstance(message.message, Reported):
+                break
+            if message.rank in stuck and absorb(states[message.rank], message.message):
+                stuck.discard(message.rank)  # it finished just now
+    except (EOFError, OSError):
+        pass  # the host is gone: what it had not sent is lost with it
+    return stuck
 
 
 def _reduce_scatter_max_and_min() -> None:

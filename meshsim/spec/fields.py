@@ -33,7 +33,8 @@ PRODUCES_GROUP = "group"
 PRODUCES_DTENSOR = "dtensor"
 
 QUERIES = ("get_group", "get_all_groups", "get_local_rank", "get_coordinate", "size", "shape", "ndim", "mesh",
-           "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type", "current")
+           "mesh_dim_names", "group_desc", "default_group", "root_mesh_dim", "device_type", "current",
+           "dim_by_name", "bound_device_id")
 DEVICES = ("cpu", "cuda", "cpu:0", "cuda:0")
 BACKENDS = ("gloo",)  # what backend_override may name: the one every tier's CPU ranks have
 
@@ -219,6 +220,37 @@ def _ranks(name: str, value: Any, ctx: Context) -> None:
         raise PlanError(f"field {name!r} must name at least one rank")
 
 
+def _nested_ints(name: str, value: Any, ctx: Context, depth: int = 0, low: int = 1) -> int:
+    """An int, or a non-empty list of nested ones (the sizes or strides of a layout); returns how many ints."""
+    if is_int(value):
+        if not low <= value <= MAX_INT:
+            raise PlanError(f"field {name!r}: {value} is not an integer from {low} to {MAX_INT}")
+        return 1
+    if not isinstance(value, list) or not value or depth >= MAX_DEPTH:
+        raise PlanError(f"field {name!r} must be an integer or a non-empty nested list of them, at most {MAX_DEPTH} "
+                        f"deep, got {str(value)[:80]}")
+    count = sum(_nested_ints(name, v, ctx, depth + 1, low) for v in value)
+    if count > MAX_DEPTH * MAX_DEPTH:
+        raise PlanError(f"field {name!r} has {count} dims; a layout takes at most {MAX_DEPTH * MAX_DEPTH}")
+    return count
+
+
+def _layout_sizes(name: str, value: Any, ctx: Context) -> None:
+    _nested_ints(name, value, ctx)
+    if math.prod(flatten_layout(value)) > MAX_MESH_NUMEL:
+        raise PlanError(f"field {name!r}: a layout of more than {MAX_MESH_NUMEL} positions")
+
+
+def _layout_strides(name: str, value: Any, ctx: Context) -> None:
+    _nested_ints(name, value, ctx, low=0)
+
+
+def _rank_map(name: str, value: Any, ctx: Context) -> None:
+    if not isinstance(value, list) or not value or len(value) > MAX_MESH_NUMEL or not all(
+            is_int(v) and 0 <= v <= MAX_INT for v in value):
+        raise PlanError(f"field {name!r} must be a non-empty list of ranks (integers from 0), got {str(value)[:80]}")
+
+
 def _seconds(name: str, value: Any, ctx: Context) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 <= value <= MAX_S:
@@ -278,5 +310,12 @@ NUMEL = Kind(f"tensor length, 1 to {MAX_NUMEL}", _bounded_int(1, MAX_NUMEL))
 GROUP_RANK = Kind(f"a rank within the group, 0 to {MAX_INT}", _bounded_int(0, MAX_INT))
 EXIT_CODE = Kind("exit code, 0 to 255", _bounded_int(0, 255))
 BOOL = Kind("true or false", _bool)
+LAYOUT_SIZES = Kind("an integer or a nested list of positive integers", _layout_sizes)
+LAYOUT_STRIDES = Kind("an integer or a nested list of integers (0 allowed), shaped as sizes", _layout_strides)
+RANK_MAP = Kind("list of ranks (any integers from 0: a rank map need not be the world)", _rank_map)
+LAYOUT_QUERIES = ("sizes_and_strides", "all_ranks_from_zero", "complement", "global_ranks", "check_orthogonal",
+                  "check_sorted", "composition", "remap_to_tensor")
+LAYOUT_QUERY = Kind("one of " + ", ".join(LAYOUT_QUERIES), _one_of(LAYOUT_QUERIES))
+WORLD = Kind(f"a world size, 1 to {MAX_MESH_NUMEL}", _bounded_int(1, MAX_MESH_NUMEL))
 QUERY = Kind("one of " + ", ".join(QUERIES), _one_of(QUERIES))
 DEVICE = Kind("cpu, cuda, cpu:0 or cuda:0 (the mesh's device type; default: the backend's)", _one_of(DEVICES))

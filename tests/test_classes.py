@@ -1,0 +1,88 @@
+"""The model tier answers a world by classes of ranks that run a plan alike (meshsim.classes): what it predicts must be
+what predicting every rank predicts, and a million ranks must cost a few ranks' runs."""
+
+import json
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshsim import Cluster, Topology, step
+from meshsim.classes import ClassView, lockstep, refine
+from meshsim.judge.verdict import judge
+from meshsim.model import to_json
+from meshsim.predict import predict
+from meshsim.ranks import group_text
+from meshsim.spec.plan import Plan
+from meshsim.strategies import divergent_plans, plans
+
+
+def _everything(prediction, plan):
+    """What a prediction says about the world: outcome, findings and the ranks they touch, culprits, stuck ranks."""
+    verdict = judge(prediction.as_record(5.0, "model", plan), "plan", plan, prediction)
+    stuck = {s.rank for s in prediction.stuck}
+    if prediction.classes is not None:
+        stuck = set(prediction.classes.expand(stuck))
+    return (repr(to_json(prediction.outcome)), sorted(prediction.findings), sorted(prediction.culprits),
+            verdict.outcome, sorted((f, sorted(h.ranks)) for f, h in verdict.findings.items()), verdict.culprits,
+            sorted(stuck), prediction.undefined_from)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_predicting_by_class_says_what_predicting_every_rank_says(data):
+    world = data.draw(st.sampled_from([4, 6, 8, 12, 16, 32]))
+    plan = data.draw(st.one_of(plans(world), divergent_plans(world)))
+    by_rank, by_class = predict(plan, world, 5.0), predict(plan, world, 5.0, by_class=True)
+    assert _everything(by_class, plan) == _everything(by_rank, plan), by_class.notes
+
+
+def test_a_million_ranks_of_a_layout_are_a_few_classes_and_judged_as_every_rank():
+    plan = Plan((step("init_device_mesh", out="m", shape=[16, 8, 64, 16, 8], names=["pp", "dp", "fs", "cp", "tp"]),
+                 step("query", mesh="m", what="get_all_groups"), step("check", mesh="m"),
+                 step("flatten", src="m", name="dp_fs", out="f"), step("all_reduce", mesh="f")))
+    with Cluster(Topology(131072, 8), tier="model") as executor:
+        result = executor.run(plan)
+    assert result.passed and result.outcome == "pass"
+    assert len(result.prediction.classes) <= 4
+    assert result.prediction.expected(1_048_575, 0)["coordinate"] == [15, 7, 63, 15, 7]  # a member's own place
+    assert len(json.dumps(result.to_json())) < 1_000_000
+
+
+def test_a_rank_that_skips_a_collective_in_a_million_is_the_one_culprit():
+    plan = Plan((step("init_device_mesh", out="m", shape=[64, 16, 1024], names=["pp", "dp", "tp"]),
+                 step("all_reduce", mesh="m", dim="dp", skip_on=[123457]), step("check", mesh="m")))
+    with Cluster(Topology(131072, 8), tier="model") as executor:
+        result = executor.run(plan)
+    assert result.outcome == "hang" and result.culprits == [123457]
+    assert "dim 'dp'" in result.diagnosis.summary
+    report = result.report()
+    assert len(report) < 200_000  # big groups are shown by their ends and size
+    assert any("(1,024 ranks)" in group_text(w.group_ranks) for w in result.diagnosis.waits)
+    assert len(json.dumps(result.to_json())) < 1_000_000
+
+
+def test_a_class_view_indexes_every_rank_and_iterates_each_class_once():
+    label = refine(np.zeros(6, dtype=np.int64), np.array([0, 1, 0, 1, 0, 1]))
+    from meshsim.classes import RankClasses, representatives
+
+    view = ClassView(RankClasses(label, representatives(label)), ["even", "odd"])
+    assert len(view) == 6 and view[5] == "odd" and view[4] == "even" and list(view) == ["even", "odd"]
+
+
+def test_classes_whose_calls_cross_are_not_called_lockstep():
+    # ranks 0 and 3 reduce over dim a then b, ranks 1 and 2 over b then a: each waits for a partner in the other
+    plan = Plan((step("init_device_mesh", out="m", shape=[2, 2], names=["a", "b"]),
+                 step("all_reduce", mesh="m", dim="a", only_on=[0, 3]),
+                 step("all_reduce", mesh="m", dim="b"),
+                 step("all_reduce", mesh="m", dim="a", skip_on=[0, 3])))
+    prediction = predict(plan, 4, 5.0, by_class=True)
+    assert prediction.outcome == "hang" and predict(plan, 4, 5.0).outcome == "hang"
+    same = Plan(plan.steps[:1] + (step("all_reduce", mesh="m", dim="a"), step("all_reduce", mesh="m", dim="b")))
+    from meshsim.classes import Classifier
+    from meshsim.predict import _run_rank
+    from meshsim.spec.platform import CPU
+
+    classifier = Classifier(same, 8, lambda r: _run_rank(same, r, 8, CPU))
+    classes = classifier.settle(compositions=False)
+    assert lockstep(classes, classifier.runs_of(classes))

@@ -85,3 +85,22 @@ def test_a_hanging_script_is_blamed_on_exactly_its_culprit_ranks_with_the_right_
         assert wait is not None and wait.mesh_dim == dim, result.report()
     for rank in culprits:
         assert rank not in d.victims  # a culprit is never also described as a victim
+
+
+def test_a_rank_stuck_outside_any_call_waits_on_its_oldest_call_that_has_not_completed():
+    """What DDP's reducer, a Work's wait and a functional collective's first use look like from the record."""
+    from meshsim.judge.blame import blocked_call
+    from meshsim.record import RankState
+    from meshsim.wire import STUCK, CallBegun, CallDone, CallReturned
+
+    state = RankState(rank=0, end=STUCK)
+    first, second = (CallBegun("all_reduce", (0, 1), "0", seq, None, "train.py:9") for seq in (0, 1))
+    for call in (first, second):
+        state.on_event(call)
+        state.on_event(CallReturned(pending=True))  # it handed back a Work
+    assert blocked_call(state) == first and "not completed" in state.where
+    state.on_event(CallDone("0", 0))
+    assert blocked_call(state) == second
+    state.on_event(CallBegun("barrier", (0, 1), "0", 2, None, "train.py:10"))
+    state.on_event(CallReturned())  # a later call on the group returned: the group's earlier calls are done
+    assert blocked_call(state) is None

@@ -1,13 +1,20 @@
 """Who is to blame when a run does not finish: one rule for plans, user functions, scripts, torchrun and replays.
 
 Culprits follow from the record (meshsim.record), not from who happens to be waiting:
-- a rank that died, or raised outside any collective, is a culprit;
+- a rank that died, or raised outside any collective, is a culprit (but where it died in a collective whose
+  members passed other tensor sizes, gloo killed whichever noticed: the odd sizes are to blame);
 - a rank whose collective raised because a peer left is a victim of that peer;
 - a rank stalled outside any collective that others wait for is a straggler, and a culprit;
 - among the members of a group that others wait on, the rank whose sequence of calls there parts from the
   others' is the culprit: it issued fewer (it skipped, or left), more (an extra call), or another call at the
   first position where the members disagree. A rank that waits, or that completed a mismatched collective
-  because its partner skipped one, is a victim, and the diagnosis says what it did.
+  because its partner skipped one, is a victim, and the diagnosis says what it did. A rank waits in the call it
+  is inside, else in its oldest call in flight (a Work not yet completed: DDP's buckets, async_op, isend, a
+  functional collective); a point-to-point call is made on its channel (meshsim.wire.SENDS);
+- ranks held in a call at a line that more members finished the script without ever reaching added it;
+- a rank that finished without a call its part's other finished ranks made, while a partner has not got there
+  yet, is a second culprit (the hang behind the first);
+- a group created under different names on different ranks: the ranks with the earlier name skipped a new_group.
 Sequences are compared by each call's site (a plan's step, a line of the user's code) and kind, so the answer
 does not depend on timing, and the same hang gives the same culprits on every run. Where a group's members
 split into camps of equal size, the sites tell who skipped (its next call is the others' current one), then the

@@ -18,7 +18,11 @@ CASES = {  # name: (dims, seconds goal, memory goal MB or None)
 }
 
 MEASURE = """
-import json, resource, sys, time
+import json, sys, time
+
+def peak_mb():  # VmHWM: this process's own peak (ru_maxrss carries the parent's across fork and exec)
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
 from meshsim import Cluster, Plan, Topology, step
 from meshsim.predict import predict
 dims, hang = json.loads(sys.argv[1]), sys.argv[2] == "hang"
@@ -32,13 +36,13 @@ plan = Plan(tuple(steps))
 world = 1
 for s in shape:
     world *= s
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = peak_mb()
 with Cluster(Topology(world // 8, 8), tier="model") as cluster:
     started = time.monotonic()
     result = cluster.run(plan)
     seconds = time.monotonic() - started
 size = len(json.dumps(result.to_json()))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak = peak_mb()
 from meshsim.predict import _run_rank
 from meshsim.spec.platform import CPU
 started, sample = time.monotonic(), 256

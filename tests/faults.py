@@ -144,3 +144,17 @@ def rank_3_stalls_in_all_gather():
         return original(*args, **kwargs)
 
     dist.all_gather = all_gather
+
+
+def shard_to_replicate_gathers_twice():
+    """Shard -> Replicate all_gathers twice (a wasted collective: values right, the collectives a step issues
+    wrong; the fake tier sees it through CommDebugMode)."""
+    from torch.distributed.tensor.placement_types import Shard
+
+    original = Shard._to_replicate_tensor
+
+    def to_replicate_tensor(self, local_tensor, mesh, mesh_dim, current_logical_shape):
+        original(self, local_tensor, mesh, mesh_dim, current_logical_shape)
+        return original(self, local_tensor, mesh, mesh_dim, current_logical_shape)
+
+    Shard._to_replicate_tensor = to_replicate_tensor

@@ -1,6 +1,8 @@
 """The thread, fake and model tiers: the same plans, the same model, one verdict each."""
 
 
+import copy
+
 import pytest
 from helpers import alive
 
@@ -120,3 +122,44 @@ def test_thread_tier_runs_dtensor_partial_max_and_min_to_shard_like_the_process_
     with Cluster(Topology(2, 4), tier="thread") as executor:
         result = executor.run(plan)
     assert result.passed, result.differences
+
+
+DTENSOR_AT_SCALE = Plan((
+    step("init_device_mesh", shape=[16, 16, 8, 8], names=["pp", "dp", "cp", "tp"], out="m"),
+    step("distribute", mesh="m", shape=[37, 5], placements=["S(0)", "R", "S(1)", "R"], out="t"),
+    step("redistribute", tensor="t", placements=["R", "S(0)", "R", "R"], out="u"),
+    step("to_local", tensor="u"),
+    step("full_tensor", tensor="u"),
+))
+
+
+@pytest.fixture(scope="module")
+def dtensor_at_16384_ranks():
+    with Cluster(Topology(2048, 8), tier="fake", ranks=4) as cluster:
+        return cluster.run(DTENSOR_AT_SCALE)
+
+
+def test_fake_tier_agrees_with_the_model_on_dtensor_shapes_offsets_and_collectives_at_16384_ranks(
+        dtensor_at_16384_ranks):
+    result = dtensor_at_16384_ranks
+    assert result.passed, result.report()
+    checked = [state for state in result.record.states if state.observations]
+    assert len(checked) == 4
+    for state in checked:  # torch's CommDebugMode counts, as the model predicted them
+        assert state.observations[1]["comms"] == {"broadcast_": 2, "scatter_": 2}
+        assert state.observations[2]["comms"] == {"all_gather_into_tensor": 2}
+
+
+@pytest.mark.parametrize("field, wrong", [("comms", {"all_gather_into_tensor": 3}), ("local_shape", [2, 5]),
+                                          ("offset", [3, 0])])
+def test_fake_tier_fails_a_dtensor_step_whose_collectives_shape_or_offset_differ_from_the_model(
+        dtensor_at_16384_ranks, field, wrong):
+    from meshsim.judge.verdict import judge
+
+    result = dtensor_at_16384_ranks
+    record = copy.deepcopy(result.record)
+    state = next(s for s in record.states if s.observations)
+    state.observations[2] = dict(state.observations[2], **{field: wrong})
+    verdict = judge(record, plan=DTENSOR_AT_SCALE, prediction=result.prediction)
+    assert not verdict.passed
+    assert {d.step for d in verdict.differences} == {2}, verdict.report()

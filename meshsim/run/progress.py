@@ -257,7 +257,11 @@ def install(progress: Progress) -> None:
         return group
 
     c10d._new_group_with_tag = new_group_with_tag
+    _follow_device_mesh()
 
+
+def _follow_device_mesh() -> None:
+    """A group a DeviceMesh hands out is remembered with its mesh dim, and a mesh built is announced."""
     from torch.distributed.device_mesh import DeviceMesh
 
     original_get_group = DeviceMesh.get_group

@@ -5,9 +5,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from helpers import kill_session
+from helpers import kill_session, wait_for
 
 from meshsim import Topology
 from meshsim.launcher import launch
@@ -58,19 +57,31 @@ def test_a_hang_leaves_its_picture_in_the_log_dir(tmp_path):
     assert "<svg" in svg and "host" in html and "skipped collective" in html and "culprit ranks" in html
 
 
+LEAVES_EARLY = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(2))
+print("finished", dist.get_rank(), flush=True)
+"""
+
+
 def test_ctrl_c_on_a_hung_launch_prints_the_diagnosis_and_exits_130(tmp_path):
+    script = tmp_path / "leaves_early.py"
+    script.write_text(LEAVES_EARLY)
     proc = subprocess.Popen([sys.executable, "-m", "meshsim", "launch", "--nproc-per-node", "2", "--deadline", "600",
-                             "--log-dir", str(tmp_path), os.path.join(SCRIPTS, "skip_in_loop.py")],
+                             "--log-dir", str(tmp_path), str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True)
     try:
         log = tmp_path / "rank1.log"
-        deadline = time.monotonic() + 120  # a bound on the wait: the ranks wedge within seconds
-        while "finished" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.1)  # rank 1 prints "finished" after its last call: both are in the hang now
+        # rank 1 prints "finished" past the call it skipped: the hang is in place (rank 0 waits in it)
+        wait_for(lambda: "finished" in (log.read_text() if log.exists() else ""), what="rank 1 to leave")
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         kill_session(proc)  # whatever happened, no rank of the launch outlives the test
     assert proc.returncode == 130, err
-    assert "Diagnosis: skipped collective" in err and "culprit ranks 1" in err and "interrupted" in err
+    assert "Diagnosis:" in err and "culprit ranks 1" in err and "interrupted" in err, err

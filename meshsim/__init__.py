@@ -8,7 +8,7 @@ meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.r
 
 from .spec import Plan, PlanError, Step, Topology, step
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def __getattr__(name: str):

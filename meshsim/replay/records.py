@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judge.blame import ProgramOrder as _VotedOrder
+from ..ranks import ranks_text
 
 COMPLETED = "completed"
 IN_FLIGHT = "in flight"  # issued, not finished: the rank waits in it (NCCL: started or scheduled)
@@ -242,15 +243,8 @@ def _numel(shape: Any) -> int:
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(set(ranks))
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return "[" + ", ".join(parts) + "]"
+    """The replay's way to write ranks: meshsim.ranks.ranks_text in brackets, "[0-3, 5]"."""
+    return "[" + ranks_text(ranks).replace(",", ", ") + "]"
 
 
 def _replace(call: Call, **changes: Any) -> Call:

@@ -291,6 +291,19 @@ def _follow_device_mesh() -> None:
     DeviceMesh._init_process_groups = staticmethod(init_process_groups)  # type: ignore[method-assign]
 
 
+def _call_inside(progress: Progress, original: Any, args: tuple, kwargs: dict) -> Any:
+    """torch's own call, marked as inside a followed call (the calls it makes itself are not followed again); a
+    failure is reported before it propagates."""
+    _local.inside = True
+    try:
+        return original(*args, **kwargs)
+    except BaseException as exc:
+        progress.failed(exc)
+        raise
+    finally:
+        _local.inside = False
+
+
 def _error_of(future: Any) -> str | None:
     try:
         future.wait()  # completed already: returns at once, or raises what the call failed with
@@ -432,14 +445,7 @@ def _wrap_functional(name: str, original: Callable, describe: Callable) -> Calla
             return original(*args, **kwargs)
         progress = current()
         key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args))
-        _local.inside = True
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            progress.failed(exc)
-            raise
-        finally:
-            _local.inside = False
+        result = _call_inside(progress, original, args, kwargs)
         handle = _storage(result.elem) if isinstance(result, funcol.AsyncCollectiveTensor) else None
         if handle is None:  # waited on already (traced), or no tensor to wait on
             progress.returned()
@@ -492,14 +498,7 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
         if name in SENDS or name in RECVS:
             ranks, group_name, context = _channel(name, signature, args, kwargs, group, ranks, group_name, progress)
         key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args), context)
-        _local.inside = True
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            progress.failed(exc)
-            raise
-        finally:
-            _local.inside = False
+        result = _call_inside(progress, original, args, kwargs)
         handed = name in ("isend", "irecv") or (async_at is not None and bool(
             kwargs.get("async_op", args[async_at] if len(args) > async_at else False)))
         if handed and result is not None and type(result).__name__ != "_IllegalWork":  # (coalesced: no Work yet)

@@ -216,7 +216,8 @@ def test_sigkill_of_the_controller_leaves_nothing_even_while_a_rank_holds_the_gi
 
 
 @pytest.mark.parametrize("signum, code, when", [(signal.SIGTERM, 143, "sweeping"), (signal.SIGINT, 130, "sweeping"),
-                                               (signal.SIGINT, 130, "starting"), (signal.SIGINT, 130, "importing")])
+                                               (signal.SIGINT, 130, "starting"), (signal.SIGTERM, 143, "starting"),
+                                               (signal.SIGINT, 130, "importing")])
 def test_a_signal_ends_a_fuzz_run_in_one_line_with_its_exit_code_and_no_process_left(signum, code, when):
     proc = subprocess.Popen([sys.executable, "-m", "meshsim", "fuzz", "--hosts", "1", "--devices-per-host", "2",
                              "--examples", "100000", "--seed", "1"], stdout=subprocess.PIPE,

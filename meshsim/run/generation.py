@@ -127,16 +127,20 @@ class Generation:
         reader, self.lifeline = ctx.Pipe(duplex=False)
         try:
             for spec in specs:
-                parent, child = ctx.Pipe()
-                process = ctx.Process(target=target, args=(spec, child, reader), daemon=True,
-                                      name=f"meshsim-rank{spec.rank}")
-                ignore_interrupts_while(process.start)  # the forkserver starts here the first time
-                child.close()
-                self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,
-                                           spec.error_file or ""))
+                # Started and listed in one step that a Ctrl-C cannot split: a rank started but not yet listed
+                # escaped the interrupt's kill, and met the run's files already removed (a traceback on stderr).
+                ignore_interrupts_while(lambda spec=spec: self._start_worker(ctx, spec, reader, target))
         finally:
             reader.close()
         self._await_ready(timeout_s)
+
+    def _start_worker(self, ctx: Any, spec: WorkerSpec, lifeline: Connection, target: Any) -> None:
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=target, args=(spec, child, lifeline), daemon=True, name=f"meshsim-rank{spec.rank}")
+        process.start()  # the forkserver starts here the first time
+        child.close()
+        self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,
+                                   spec.error_file or ""))
 
     def _await_ready(self, timeout_s: float) -> None:
         waiting: dict[Any, Worker] = {w.conn: w for w in self.workers}

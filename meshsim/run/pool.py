@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import socket
 import tempfile
 import weakref
@@ -171,6 +172,8 @@ def settle_heap() -> None:
 
 def close_all(kill: bool = False) -> None:
     """Close every pool of this process (at exit; with kill=True, when a signal ends the run: no goodbyes)."""
+    if kill:
+        _kill_forkserver()
     for pool in list(_open_pools):
         try:
             if kill:
@@ -178,6 +181,22 @@ def close_all(kill: bool = False) -> None:
             pool.close()
         except Exception:
             pass
+
+
+def _kill_forkserver() -> None:
+    """SIGKILL the forkserver and wait for it. Every rank it forked dies with it (PR_SET_PDEATHSIG, set first thing
+    in a rank), whether or not a generation lists it yet: a signal that landed inside a rank's start left that rank
+    running on after the run's files were removed."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
 
 
 import atexit  # noqa: E402

@@ -118,9 +118,10 @@ def refine(label: Labels, feature: np.ndarray[Any, Any]) -> Labels:
 
 def _numbered(key: Labels) -> Labels:
     """Class ids 0..n-1 for distinct keys, numbered by each class's smallest rank (so its representative, the
-    smallest rank, stays first). A lookup table where the keys are few (no sort of a million ranks)."""
+    smallest rank, stays first). A lookup table where the keys are few (no sort of a million ranks). Keys may be
+    negative: a group's composition is a sum of 62-bit tags that wraps around."""
     top = int(key.max()) + 1
-    if top <= 4 * key.size:
+    if int(key.min()) >= 0 and top <= 4 * key.size:
         present = np.zeros(top, dtype=np.int64)
         present[key] = 1
         dense = (np.cumsum(present) - 1)[key]

@@ -37,6 +37,20 @@ def test_predicting_by_class_says_what_predicting_every_rank_says(data):
     assert _everything(by_class, plan) == _everything(by_rank, plan), by_class.notes
 
 
+def test_groups_whose_class_tags_sum_past_int64_are_classed_as_every_rank_says():
+    """A group's composition is a sum of 62-bit tags per class, which wraps to a negative key (found by the property
+    above: the lookup table of class ids was sized by a negative key)."""
+    plan = Plan((
+        step("init_device_mesh", shape=[1], out="m1"),
+        step("init_device_mesh", shape=[6, 1, 1, 1, 1, 2], names=["dp", "tp", "cp", "pp", "a", "a0"], out="m2"),
+        step("all_submeshes", src="m2", dim="dp", out="l3"),
+        step("all_gather", mesh="m1"),
+        step("distribute", mesh="l3.0", shape=[0], placements=["S(0)"], out="t4"),
+        step("check", mesh="l3.1"),
+    ))
+    assert _everything(predict(plan, 12, 5.0, by_class=True), plan) == _everything(predict(plan, 12, 5.0), plan)
+
+
 def test_a_million_ranks_of_a_layout_are_a_few_classes_and_judged_as_every_rank():
     plan = Plan((step("init_device_mesh", out="m", shape=[16, 8, 64, 16, 8], names=["pp", "dp", "fs", "cp", "tp"]),
                  step("query", mesh="m", what="get_all_groups"), step("check", mesh="m"),

@@ -113,7 +113,7 @@ def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform 
 
 
 def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
-    from .classes import Classifier, ClassView, check_classes, lockstep
+    from .classes import Classifier, ClassView, Unclassable, check_classes, lockstep
 
     def run(rank: int) -> RankRun:
         return _run_rank(plan, rank, world, platform)
@@ -122,6 +122,11 @@ def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: 
     classes = classifier.settle(compositions=False)
     runs = classifier.runs_of(classes)
     check_classes(classes, runs, run)
+    derailed = sorted({f for r in runs.values() for f in r.findings if f in _STATEFUL_FINDINGS})
+    if derailed:
+        # A mesh torch should have refused (a rank named twice: groups of one dim that overlap) breaks what
+        # classes rest on, one group a dim for every rank; such plans are small, and predicted rank by rank.
+        raise Unclassable(f"torch accepted a mesh it should refuse ({derailed[0]})")
     stuck: list[Stuck] = []
     mismatched: list[tuple[Call, tuple[int, ...]]] = []
     if not lockstep(classes, runs):  # (in lockstep, one SPMD program: every call completes, whatever its group)

@@ -51,6 +51,15 @@ def test_groups_whose_class_tags_sum_past_int64_are_classed_as_every_rank_says()
     assert _everything(predict(plan, 12, 5.0, by_class=True), plan) == _everything(predict(plan, 12, 5.0), plan)
 
 
+def test_a_mesh_that_names_a_rank_twice_is_predicted_rank_by_rank_as_every_rank_says():
+    """Rank 4 is in two groups of one dim: classes (one group a dim for every rank) once played its second group
+    creation alone and predicted a hang (found by the property above)."""
+    plan = Plan((step("mesh", layout=[[4, 4, 2], [3, 1, 5]], out="m1"),))
+    by_class = predict(plan, 6, 5.0, by_class=True)
+    assert _everything(by_class, plan) == _everything(predict(plan, 6, 5.0), plan)
+    assert any("rank by rank" in note for note in by_class.notes)
+
+
 def test_a_million_ranks_of_a_layout_are_a_few_classes_and_judged_as_every_rank():
     plan = Plan((step("init_device_mesh", out="m", shape=[16, 8, 64, 16, 8], names=["pp", "dp", "fs", "cp", "tp"]),
                  step("query", mesh="m", what="get_all_groups"), step("check", mesh="m"),

@@ -197,9 +197,10 @@ def test_redirects_tee_and_the_local_ranks_filter_route_streams_as_torchrun_does
                           os.path.join(SCRIPTS, "streams.py")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == ["[rank1]:out meshsim-host0:1 sees 2 gpus, attempt 0",
-                                       "[rank3]:out meshsim-host1:1 sees 2 gpus, attempt 0"]
-    assert [line for line in out.stderr.splitlines() if line.startswith("[rank")] == [
+    # Ranks print concurrently, on a cluster as here: which rank's line comes first is not defined (sorted).
+    assert sorted(out.stdout.splitlines()) == ["[rank1]:out meshsim-host0:1 sees 2 gpus, attempt 0",
+                                               "[rank3]:out meshsim-host1:1 sees 2 gpus, attempt 0"]
+    assert sorted(line for line in out.stderr.splitlines() if line.startswith("[rank")) == [
         "[rank1]:err meshsim-host0:1", "[rank3]:err meshsim-host1:1"]
     for host in (0, 1):
         (run,) = (tmp_path / f"host{host}").iterdir()  # torchrun's <run id>_<suffix>

@@ -60,6 +60,20 @@ def test_optimizers_take_the_same_steps_with_foreach_fused_and_capturable(checks
             assert max(differences.values()) < 1e-5, (optimizer, differences)
 
 
+def test_fsdp1_on_simulated_gpus_trains_as_a_local_model_sharded_and_hybrid(checks):
+    for rank in checks:
+        differences = rank["fsdp1_trains_as_a_local_model"]
+        assert set(differences) == {"full_shard", "hybrid_shard"}
+        assert max(differences.values()) < 1e-6, differences
+
+
+def test_a_rank_starts_dataloader_workers_by_the_platforms_default_method(checks):
+    import multiprocessing
+
+    for rank in checks:
+        assert rank["dataloader_workers"] == [28.0, multiprocessing.get_all_start_methods()[0]]
+
+
 def test_dtensor_random_init_agrees_on_replicas_differs_across_shards_and_keeps_ranks_in_step(checks):
     for rank in checks:
         random_init = rank["dtensor_random_init"]

@@ -136,7 +136,11 @@ class Generation:
 
     def _start_worker(self, ctx: Any, spec: WorkerSpec, lifeline: Connection, target: Any) -> None:
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=target, args=(spec, child, lifeline), daemon=True, name=f"meshsim-rank{spec.rank}")
+        # Not daemonic, as torchrun's workers are not: a daemonic process may not start children, and a script's
+        # DataLoader(num_workers > 0) or torch.multiprocessing.spawn must. Ranks end with the run all the same
+        # (they are stopped and reaped by close(), the reaper, and PR_SET_PDEATHSIG).
+        process = ctx.Process(target=target, args=(spec, child, lifeline), daemon=False,
+                              name=f"meshsim-rank{spec.rank}")
         process.start()  # the forkserver starts here the first time
         child.close()
         self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,

@@ -188,6 +188,15 @@ def serve(session: RankSession, conn: Any, send: Callable[[Any], None], measure:
         dispatch(message, handlers)
 
 
+def fresh_start_method() -> None:
+    """multiprocessing's start method as a new process has it (the platform's default), as in torchrun's ranks: a
+    rank started by the forkserver inherits the forkserver's method, and a script's DataLoader(num_workers > 0)
+    then started its workers through a forkserver of its own, which ran the whole script again in each."""
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
+
+
 TORCH_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val: a new process's CPU seed before torch 2.13
 
 
@@ -216,6 +225,7 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
 
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// connects to the controller's store as torchrun's
     fresh_random_state()
+    fresh_start_method()
     if spec.simulated_gpus:
         from . import simgpu
 

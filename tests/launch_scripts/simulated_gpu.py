@@ -228,6 +228,45 @@ def unsimulated_apis_raise():
 
 
 @check
+def fsdp1_trains_as_a_local_model():
+    """FSDP1 as users write it (module.cuda(), device_id; HYBRID_SHARD on the mesh): every rank feeds the same
+    batches, so after two steps its parameters equal those of a local copy trained alike."""
+    import copy
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    differences = {}
+    for name, kwargs in (("full_shard", {"device_id": torch.cuda.current_device()}),
+                         ("hybrid_shard", {"device_mesh": MESH, "sharding_strategy": ShardingStrategy.HYBRID_SHARD})):
+        torch.manual_seed(0)
+        local = nn.Linear(4, 3)
+        wrapped = FSDP(copy.deepcopy(local).cuda(), use_orig_params=True, **kwargs)
+        for model, device in ((local, "cpu"), (wrapped, "cuda")):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(2):
+                optimizer.zero_grad()
+                model((torch.arange(8.0).reshape(2, 4) + step).to(device)).square().sum().backward()
+                optimizer.step()
+        with FSDP.summon_full_params(wrapped):
+            differences[name] = max((a - b).abs().max().item()
+                                    for a, b in zip(local.parameters(), wrapped.parameters()))
+    return differences
+
+
+@check
+def dataloader_workers():
+    """A DataLoader with worker processes (a rank may start children, as torchrun's ranks may), started as a new
+    process starts them."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=2, pin_memory=True)
+    return [sum(batch[0].sum().item() for batch in loader), multiprocessing.get_start_method()]
+
+
+@check
 def streams_and_events():
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):

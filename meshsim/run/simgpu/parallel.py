@@ -1,4 +1,4 @@
-"""torch's parallelism libraries on simulated GPU meshes: FSDP2's device, and DTensor's attention.
+"""torch's parallelism libraries on simulated GPU meshes: FSDP2's and FSDP1's device, and DTensor's attention.
 
 FSDP2 computes its device from the mesh (cuda:current) and asserts that every parameter is already on it; the
 simulated GPUs' tensors report cpu, so FSDP2 is told the device its tensors are on. It then runs the path it runs
@@ -32,6 +32,19 @@ def _fsdp_device() -> None:
             continue
         if hasattr(module, name):
             setattr(module, name, device_from_mesh)
+    _fsdp1_device(cpu)
+
+
+def _fsdp1_device(cpu: Any) -> None:
+    """FSDP1 (FullyShardedDataParallel) takes its compute device from its parameters or from cuda:current, and
+    checks before every forward that its flat parameters are on it: on simulated GPUs they report cpu, so its
+    compute device is the cpu, as for the same script with its device edited to "cpu" (FSDP1's CPU path)."""
+    try:
+        init_utils = importlib.import_module("torch.distributed.fsdp._init_utils")
+    except ImportError:
+        return
+    if hasattr(init_utils, "_get_compute_device"):
+        init_utils._get_compute_device = lambda *args, **kwargs: cpu
 
 
 

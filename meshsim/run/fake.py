@@ -55,7 +55,7 @@ from ..wire import (
 from .follow import Hosted, follow
 from .generation import Generation
 from .interpreter import Interpreter
-from .pool import WorkerPool
+from .pool import Pooled, WorkerPool
 from .progress import Progress
 from .rank import (
     WorkerSpec,
@@ -245,7 +245,7 @@ def sample_ranks(topology: Topology, count: int | None, seed: int = 0) -> list[i
     return sorted(must + extra)
 
 
-class FakeExecutor:
+class FakeExecutor(Pooled):
     """Each rank of a large world, alone, on torch's fake process group (see the module's docstring).
 
     A worker plays its share of the ranks one after another, and nothing waits, so a deadline bounds each rank's
@@ -281,26 +281,6 @@ class FakeExecutor:
         index, and each of them gets its own exact prediction; the rest cost what their classes cost (16,384
         ranks rank by rank took 15 s of model time for a 5-step DTensor plan)."""
         return self.world > BY_CLASS_OVER
-
-    @property
-    def pids(self) -> list[int]:
-        return self.pool.pids
-
-    def __enter__(self) -> FakeExecutor:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def start(self) -> FakeExecutor:
-        self.pool.start()
-        return self
-
-    def close(self) -> None:
-        self.pool.close()
-
-    def restart(self) -> None:
-        self.pool.restart()
 
     def _specs(self, number: int, tmp: str, port: int) -> list[WorkerSpec]:
         return [WorkerSpec(i, self.topology.hosts, self.topology.devices_per_host, port, f"g{number}/", "fake",

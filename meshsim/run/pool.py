@@ -17,7 +17,7 @@ import tempfile
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from ..errors import ClusterError, SetupError
 from .generation import Generation, preload
@@ -154,6 +154,33 @@ class WorkerPool:
     def file(self, name: str) -> str:
         assert self._tmp is not None
         return os.path.join(self._tmp.name, name)
+
+
+class Pooled:
+    """An executor whose ranks live in a WorkerPool: starting, closing and restarting them is the pool's."""
+
+    pool: WorkerPool
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> Self:
+        self.pool.start()
+        return self
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def restart(self) -> None:
+        """Kill the workers; fresh ones start for the next run."""
+        self.pool.restart()
 
 
 _settled = False

@@ -18,7 +18,7 @@ from ..spec.topology import Topology
 from ..wire import FINISHED, STUCK, RunFunction, RunPlan, RunScript, Teardown
 from .follow import Hosted, follow
 from .generation import Generation
-from .pool import WorkerPool
+from .pool import Pooled, WorkerPool
 from .rank import WorkerSpec, worker_main
 
 Work = RunPlan | RunFunction | RunScript
@@ -41,7 +41,7 @@ def resolve_backend(backend: str, world: int) -> str:
     return backend
 
 
-class ProcessExecutor:
+class ProcessExecutor(Pooled):
     """H simulated hosts x D devices of real torch.distributed ranks, each a forked process.
 
     script=True makes bare ranks for `meshsim launch` (nothing pre-initialised; a RunScript each); `setup` runs on
@@ -90,29 +90,8 @@ class ProcessExecutor:
         return self.pool.port
 
     @property
-    def pids(self) -> list[int]:
-        return self.pool.pids
-
-    @property
     def generations_started(self) -> int:
         return self.pool.generations_started
-
-    def __enter__(self) -> ProcessExecutor:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def start(self) -> ProcessExecutor:
-        self.pool.start()
-        return self
-
-    def close(self) -> None:
-        self.pool.close()
-
-    def restart(self) -> None:
-        """Kill the workers; fresh ones start for the next run."""
-        self.pool.restart()
 
     def renew(self) -> None:
         """Kill the workers and start fresh ones on a new store, as torchrun's agent restarts a failed worker group:

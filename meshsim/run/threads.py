@@ -51,7 +51,7 @@ from ..wire import (
 from .follow import Hosted, absorb, follow
 from .generation import Generation
 from .interpreter import Interpreter
-from .pool import WorkerPool
+from .pool import Pooled, WorkerPool
 from .rank import (
     STACK_SIGNAL,
     WorkerSpec,
@@ -198,7 +198,7 @@ def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queu
             return
 
 
-class ThreadExecutor:
+class ThreadExecutor(Pooled):
     """W ranks as threads of one host process (torch's threaded process group); real collectives.
 
     >>> with ThreadExecutor(Topology(hosts=8, devices_per_host=8)) as ex:
@@ -222,26 +222,6 @@ class ThreadExecutor:
     @property
     def world(self) -> int:
         return self.topology.world
-
-    @property
-    def pids(self) -> list[int]:
-        return self.pool.pids
-
-    def __enter__(self) -> ThreadExecutor:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def start(self) -> ThreadExecutor:
-        self.pool.start()
-        return self
-
-    def close(self) -> None:
-        self.pool.close()
-
-    def restart(self) -> None:
-        self.pool.restart()
 
     def _specs(self, number: int, tmp: str, port: int) -> list[WorkerSpec]:
         return [WorkerSpec(0, self.topology.hosts, self.topology.devices_per_host, port, f"g{number}/",

@@ -44,7 +44,7 @@ def _fsdp1_device(cpu: Any) -> None:
     except ImportError:
         return
     if hasattr(init_utils, "_get_compute_device"):
-        init_utils._get_compute_device = lambda *args, **kwargs: cpu
+        setattr(init_utils, "_get_compute_device", lambda *args, **kwargs: cpu)  # noqa: B010
 
 
 

@@ -18,6 +18,8 @@ from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
 from ..predict import Prediction
 from ..record import RankState, RunRecord
 from ..spec.fields import flatten_layout
+from ..spec.plan import Plan
+from ..spec.topology import Topology
 from ..wire import (
     DIED,
     DTENSOR_CALL,
@@ -103,12 +105,12 @@ class Verdict:
     differences: list[Difference] = field(default_factory=list)
     findings: dict[str, FindingHit] = field(default_factory=dict)
     diagnosis: Diagnosis | None = None
-    plan: Any = None
+    plan: Plan | None = None
     prediction: Prediction | None = None
     strict: bool = False
     unseen_hang: bool = False  # the model predicts a hang the tier cannot show (fake: nothing waits)
     script: str = ""  # the script a launch ran
-    topology: Any = None  # hosts x devices, where the work ran on a topology (hosts of each group)
+    topology: Topology | None = None  # hosts x devices, where the work ran on a topology (hosts of each group)
     attempts: list[Verdict] = field(default_factory=list)  # a launch's earlier attempts, each failed and restarted
 
     @property
@@ -254,8 +256,8 @@ def _outcome_ok(expected: Any, outcome: str) -> bool:
     return bool(outcome == expected)
 
 
-def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: Prediction | None = None,
-          strict: bool = False, script: str = "", topology: Any = None) -> Verdict:
+def judge(record: RunRecord, work: str = "plan", plan: Plan | None = None, prediction: Prediction | None = None,
+          strict: bool = False, script: str = "", topology: Topology | None = None) -> Verdict:
     """The one judge: a record (of any executor, any work) against the model where there is a plan; one rule for
     the outcome (meshsim.outcome) and one for culprits (meshsim.judge.blame)."""
     differences, hits = _against_model(plan, prediction, record)
@@ -278,7 +280,7 @@ def judge(record: RunRecord, work: str = "plan", plan: Any = None, prediction: P
     return verdict
 
 
-def _against_model(plan: Any, prediction: Prediction | None, record: RunRecord
+def _against_model(plan: Plan | None, prediction: Prediction | None, record: RunRecord
                    ) -> tuple[list[Difference], dict[str, FindingHit]]:
     if plan is None or prediction is None:
         return [], {}
@@ -298,7 +300,7 @@ def _unseen_hang(record: RunRecord, expected: Any, outcome: str) -> bool:
     return outcome == PASS
 
 
-def compare_run(plan: Any, prediction: Prediction, record: Any, version: str
+def compare_run(plan: Plan, prediction: Prediction, record: RunRecord, version: str
                 ) -> tuple[list[Difference], dict[str, FindingHit]]:
     grouped: dict[tuple[int, str], dict[tuple[str, str], tuple[list[int], Any, Any]]] = {}
     hits: dict[str, FindingHit] = {}

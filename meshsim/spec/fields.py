@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TypeGuard, cast
 
 from ..deadlines import MAX_S
 from ..errors import InputError
@@ -39,11 +39,11 @@ DEVICES = ("cpu", "cuda", "cpu:0", "cuda:0")
 BACKENDS = ("gloo",)  # what backend_override may name: the one every tier's CPU ranks have
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def layout_shape(value: Any, depth: int = 0) -> tuple[int, ...] | None:
+def layout_shape(value: object, depth: int = 0) -> tuple[int, ...] | None:
     """The shape of a rectangular nested list of ints, or None when it is ragged, too deep or not ints."""
     if is_int(value):
         return ()
@@ -59,10 +59,10 @@ def layout_shape(value: Any, depth: int = 0) -> tuple[int, ...] | None:
     return (len(value),) + inner
 
 
-def flatten_layout(value: Any) -> list[int]:
+def flatten_layout(value: object) -> list[int]:
     if is_int(value):
         return [value]
-    return [r for v in value for r in flatten_layout(v)]
+    return [r for v in cast(Iterable[object], value) for r in flatten_layout(v)]  # validated nested lists
 
 
 class Context:
@@ -72,20 +72,20 @@ class Context:
         self.world, self.handles, self.expect_error = world, handles, expect_error
         self.no_backend = no_backend  # a mesh built without groups may name ranks beyond the world
 
-    def rank(self, what: str, rank: Any) -> None:
+    def rank(self, what: str, rank: object) -> None:
         if not is_int(rank):
             raise PlanError(f"{what} must be a rank number, got {rank!r}")
         if rank < 0 or (self.world is not None and rank >= self.world):
             limit = f"0..{self.world - 1}" if self.world is not None else ">= 0"
             raise PlanError(f"{what}: rank {rank} is not in the world ({limit})")
 
-    def ranks(self, what: str, ranks: Any) -> None:
+    def ranks(self, what: str, ranks: object) -> None:
         if not isinstance(ranks, (list, tuple)):
             raise PlanError(f"{what} must be a list of ranks, got {ranks!r}")
         for rank in ranks:
             self.rank(what, rank)
 
-    def ref(self, where: str, ref: Any, allowed: tuple[str, ...]) -> None:
+    def ref(self, where: str, ref: object, allowed: tuple[str, ...]) -> None:
         if not isinstance(ref, str):
             raise PlanError(f"{where} must be a handle name, got {ref!r}")
         match = _REF.fullmatch(ref)
@@ -102,7 +102,7 @@ class Context:
             raise PlanError(f"{ref!r} is a {produced or 'value'}, not a {' or '.join(allowed)}")
 
 
-def _shape(name: str, value: Any, ctx: Context) -> None:
+def _shape(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or not value or not all(is_int(v) and 1 <= v <= MAX_INT for v in value) \
             or len(value) > MAX_DEPTH:
         raise PlanError(f"field {name!r} must be a non-empty list of at most {MAX_DEPTH} positive integers, "
@@ -115,35 +115,35 @@ def _shape(name: str, value: Any, ctx: Context) -> None:
         raise PlanError(f"field {name!r}: {value} has {numel} cells; meshsim takes at most {MAX_MESH_NUMEL}")
 
 
-def _names(name: str, value: Any, ctx: Context) -> None:
+def _names(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > MAX_DEPTH:
         raise PlanError(f"field {name!r} must be a list of at most {MAX_DEPTH} strings, got {value!r}")
 
 
-def _name_or_names(name: str, value: Any, ctx: Context) -> None:
+def _name_or_names(name: str, value: object, ctx: Context) -> None:
     if not (isinstance(value, str) or (isinstance(value, list) and value and len(value) <= MAX_DEPTH
                                        and all(isinstance(v, str) for v in value))):
         raise PlanError(f"field {name!r} must be a name or a non-empty list of names, got {value!r}")
 
 
-def _text(name: str, value: Any, ctx: Context) -> None:
+def _text(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, str):
         raise PlanError(f"field {name!r} must be a string, got {value!r}")
 
 
-def _dim(name: str, value: Any, ctx: Context) -> None:
+def _dim(name: str, value: object, ctx: Context) -> None:
     if not (isinstance(value, str) or (is_int(value) and abs(value) <= MAX_INT)):
         raise PlanError(f"field {name!r} must be a dim index or a dim name, got {value!r}")
 
 
-def _dims(name: str, value: Any, ctx: Context) -> None:
+def _dims(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
         raise PlanError(f"field {name!r} must be a non-empty list of dim indices or names, got {value!r}")
     for item in value:
         _dim(name, item, ctx)
 
 
-def _layout(name: str, value: Any, ctx: Context) -> None:
+def _layout(name: str, value: object, ctx: Context) -> None:
     shape = layout_shape(value)
     if not shape:
         raise PlanError(f"field {name!r} must be a rectangular nested list of integers at most {MAX_DEPTH} deep, "
@@ -156,22 +156,22 @@ def _layout(name: str, value: Any, ctx: Context) -> None:
             raise PlanError(f"layout names rank {rank}, which is not in the world (0..{(ctx.world or 1) - 1})")
 
 
-def _mesh(name: str, value: Any, ctx: Context) -> None:
+def _mesh(name: str, value: object, ctx: Context) -> None:
     ctx.ref(f"field {name!r}", value, (PRODUCES_MESH, PRODUCES_MESH_LIST))
 
 
-def _meshes(name: str, value: Any, ctx: Context) -> None:
+def _meshes(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
         raise PlanError(f"field {name!r} must be a non-empty list of mesh handles, got {value!r}")
     for ref in value:
         _mesh(name, ref, ctx)
 
 
-def _group(name: str, value: Any, ctx: Context) -> None:
+def _group(name: str, value: object, ctx: Context) -> None:
     ctx.ref(f"field {name!r}", value, (PRODUCES_GROUP,))
 
 
-def _group_choices(name: str, value: Any, ctx: Context) -> None:
+def _group_choices(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or len(value) > MAX_DEPTH or not all(
             isinstance(v, list) and v and len(v) <= MAX_INT for v in value):
         raise PlanError(f"field {name!r} must be a list (one per dim) of non-empty lists of group "
@@ -181,7 +181,7 @@ def _group_choices(name: str, value: Any, ctx: Context) -> None:
             _group(name, ref, ctx)
 
 
-def _overrides(name: str, value: Any, ctx: Context) -> None:
+def _overrides(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or len(value) > MAX_DEPTH or not all(
             isinstance(pair, list) and len(pair) == 2 and (isinstance(pair[0], str) or is_int(pair[0]))
             and pair[1] in BACKENDS for pair in value):
@@ -189,7 +189,7 @@ def _overrides(name: str, value: Any, ctx: Context) -> None:
                         f"{', '.join(BACKENDS)}, got {str(value)[:80]}")
 
 
-def _tensor_shape(name: str, value: Any, ctx: Context) -> None:
+def _tensor_shape(name: str, value: object, ctx: Context) -> None:
     from .placements import MAX_DTENSOR_DIMS, MAX_DTENSOR_NUMEL
 
     if not isinstance(value, list) or not value or len(value) > MAX_DTENSOR_DIMS or not all(
@@ -198,7 +198,7 @@ def _tensor_shape(name: str, value: Any, ctx: Context) -> None:
                         f"{MAX_DTENSOR_NUMEL} elements in all, got {str(value)[:80]}")
 
 
-def _placements(name: str, value: Any, ctx: Context) -> None:
+def _placements(name: str, value: object, ctx: Context) -> None:
     from .placements import parse_placement
 
     if not isinstance(value, list) or not value or len(value) > MAX_DEPTH:
@@ -210,17 +210,17 @@ def _placements(name: str, value: Any, ctx: Context) -> None:
             raise PlanError(f"field {name!r}: {exc}") from None
 
 
-def _dtensor(name: str, value: Any, ctx: Context) -> None:
+def _dtensor(name: str, value: object, ctx: Context) -> None:
     ctx.ref(f"field {name!r}", value, (PRODUCES_DTENSOR,))
 
 
-def _ranks(name: str, value: Any, ctx: Context) -> None:
+def _ranks(name: str, value: object, ctx: Context) -> None:
     ctx.ranks(f"field {name!r}", value)
     if not value:
         raise PlanError(f"field {name!r} must name at least one rank")
 
 
-def _nested_ints(name: str, value: Any, ctx: Context, depth: int = 0, low: int = 1) -> int:
+def _nested_ints(name: str, value: object, ctx: Context, depth: int = 0, low: int = 1) -> int:
     """An int, or a non-empty list of nested ones (the sizes or strides of a layout); returns how many ints."""
     if is_int(value):
         if not low <= value <= MAX_INT:
@@ -235,43 +235,43 @@ def _nested_ints(name: str, value: Any, ctx: Context, depth: int = 0, low: int =
     return count
 
 
-def _layout_sizes(name: str, value: Any, ctx: Context) -> None:
+def _layout_sizes(name: str, value: object, ctx: Context) -> None:
     _nested_ints(name, value, ctx)
     if math.prod(flatten_layout(value)) > MAX_MESH_NUMEL:
         raise PlanError(f"field {name!r}: a layout of more than {MAX_MESH_NUMEL} positions")
 
 
-def _layout_strides(name: str, value: Any, ctx: Context) -> None:
+def _layout_strides(name: str, value: object, ctx: Context) -> None:
     _nested_ints(name, value, ctx, low=0)
 
 
-def _rank_map(name: str, value: Any, ctx: Context) -> None:
+def _rank_map(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, list) or not value or len(value) > MAX_MESH_NUMEL or not all(
             is_int(v) and 0 <= v <= MAX_INT for v in value):
         raise PlanError(f"field {name!r} must be a non-empty list of ranks (integers from 0), got {str(value)[:80]}")
 
 
-def _seconds(name: str, value: Any, ctx: Context) -> None:
+def _seconds(name: str, value: object, ctx: Context) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 <= value <= MAX_S:
         raise PlanError(f"field {name!r} must be a number of seconds from 0 to {MAX_S:g}, got {value!r}")
 
 
-def _bounded_int(low: int, high: int) -> Callable[[str, Any, Context], None]:
-    def check(name: str, value: Any, ctx: Context) -> None:
+def _bounded_int(low: int, high: int) -> Callable[[str, object, Context], None]:
+    def check(name: str, value: object, ctx: Context) -> None:
         if not is_int(value) or not low <= value <= high:
             raise PlanError(f"field {name!r} must be an integer from {low} to {high}, got {value!r}")
 
     return check
 
 
-def _bool(name: str, value: Any, ctx: Context) -> None:
+def _bool(name: str, value: object, ctx: Context) -> None:
     if not isinstance(value, bool):
         raise PlanError(f"field {name!r} must be true or false, got {value!r}")
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any, Context], None]:
-    def check(name: str, value: Any, ctx: Context) -> None:
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, object, Context], None]:
+    def check(name: str, value: object, ctx: Context) -> None:
         if value not in choices:
             raise PlanError(f"field {name!r} must be one of {', '.join(choices)}, got {value!r}")
 
@@ -281,7 +281,7 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any, Context], None]:
 class Kind:
     """A kind of field: what it means (for the plan-language reference) and its check."""
 
-    def __init__(self, meaning: str, check: Callable[[str, Any, Context], None]):
+    def __init__(self, meaning: str, check: Callable[[str, object, Context], None]):
         self.meaning, self.check = meaning, check
 
 

@@ -12,15 +12,3 @@ settings.register_profile("ci", parent=settings.get_profile("meshsim"), derandom
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "meshsim"))
 
 pytest_plugins = ["pytester"]
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (minutes of CPU each) run only with MESHSIM_SLOW=1, so the suite stays within its budget."""
-    import pytest
-
-    if os.environ.get("MESHSIM_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: set MESHSIM_SLOW=1 to run it")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)

@@ -3,7 +3,7 @@ why), under `meshsim launch`: the diagnosis names exactly the culprit ranks, the
 script uses a named mesh, the dim of the group the others wait on.
 
 The scripts are in tests/launch_scripts/hangs/. Those marked slow repeat a kind that a faster one already covers
-(MESHSIM_SLOW=1 runs them too)."""
+(the suite runs them too; `-m 'not slow'` leaves them out of a quick run)."""
 
 import os
 

@@ -193,7 +193,8 @@ HOLDS_THE_GIL = textwrap.dedent("""
 
     if __name__ == "__main__":
         cluster = Cluster(Topology(1, 2)).start()
-        print(json.dumps(cluster.pids + [fs._forkserver._forkserver_pid, cluster.pool._reaper.process.pid]), flush=True)
+        print(json.dumps({"pids": cluster.pids + [fs._forkserver._forkserver_pid, cluster.pool._reaper.process.pid],
+                          "folder": cluster.pool._tmp.name}), flush=True)
         cluster.run_fn(pause, deadline=600)
 """)
 
@@ -206,11 +207,13 @@ def test_sigkill_of_the_controller_leaves_nothing_even_while_a_rank_holds_the_gi
     proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        pids = json.loads(proc.stdout.readline())
+        started = json.loads(proc.stdout.readline())
+        pids = started["pids"]
         wait_for(lambda: len(os.listdir(marks)) == 2, what="both ranks to be inside pause()")
         proc.kill()
         proc.wait(30)
         wait_for(lambda: not [p for p in pids if alive(p)], what="every process of the run to end")
+        wait_for(lambda: not os.path.exists(started["folder"]), what="the run's folder to be removed")
     finally:
         kill_session(proc)
 

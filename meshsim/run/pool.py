@@ -65,6 +65,7 @@ class WorkerPool:
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(preload())
         self._reaper = Reaper()
+        self._reaper.remove_at_end(self._tmp.name)
         _open_pools.add(self)
         try:
             self.new_generation()
@@ -138,13 +139,13 @@ class WorkerPool:
         if self.generation is not None:
             self.generation.stop()
             self.generation = None
-        if self._reaper is not None:
-            self._reaper.close()
-            self._reaper = None
         self.store = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
         _open_pools.discard(self)
 
     @property

@@ -1,9 +1,10 @@
 """The reaper: a tiny process that outlives the controller by design, so that no rank outlives the run.
 
 Every worker leads its own process group, so whatever a rank starts (a subprocess, an os.fork) is in that group.
-The controller tells the reaper each group it makes ("+pgid") and each it has cleaned up itself ("-pgid"). When
-the controller's pipe closes, whether it closed the cluster or was SIGKILLed, the reaper SIGKILLs every group it
-still knows and exits. It imports nothing of meshsim or torch: it starts in milliseconds and cannot hang.
+The controller tells the reaper each group it makes ("+pgid"), each it has cleaned up itself ("-pgid"), and the
+run's folder ("@path"). When the controller's pipe closes, whether it closed the cluster or was SIGKILLed, the
+reaper SIGKILLs every group it still knows, removes the folder and exits. It imports nothing of meshsim or torch:
+it starts in milliseconds and cannot hang.
 """
 
 from __future__ import annotations
@@ -16,20 +17,24 @@ from typing import Any
 
 # Run as `python -I -S -c CODE`: standard library only, reads the controller's lines until end of file.
 CODE = r"""
-import os, signal, sys
+import os, shutil, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-groups = set()
+groups, folders = set(), set()
 for line in sys.stdin:
-    line = line.strip()
+    line = line.rstrip("\n")
     if line[:1] == "+":
         groups.add(int(line[1:]))
     elif line[:1] == "-":
         groups.discard(int(line[1:]))
+    elif line[:1] == "@":
+        folders.add(line[1:])
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+for folder in folders:
+    shutil.rmtree(folder, ignore_errors=True)
 """
 
 
@@ -52,6 +57,10 @@ class Reaper:
 
     def forget(self, pgid: int) -> None:
         self._say(f"-{pgid}")
+
+    def remove_at_end(self, folder: str) -> None:
+        """The run's files go too, at the end, even when the controller was SIGKILLed and could not remove them."""
+        self._say(f"@{folder}")
 
     def close(self) -> None:
         assert self.process.stdin is not None

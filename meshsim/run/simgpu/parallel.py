@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# (module, name) of the functions by which FSDP2 (and replicate, built on it) picks its device
+# (module, name) of the functions by which FSDP2 (and replicate, built on it) and FSDP1 pick their device. FSDP1
+# takes it from its parameters or from cuda:current, and checks before every forward that its flat parameters are
+# on it; told the cpu, it runs its CPU path, as for the same script with its device edited to "cpu".
 FSDP_DEVICE = (("torch.distributed.fsdp._fully_shard._fsdp_init", "_get_device_from_mesh"),
                ("torch.distributed.fsdp._fully_shard._fully_shard", "_get_device_from_mesh"),
-               ("torch.distributed._composable.replicate_with_fsdp", "_get_device_from_mesh"))
+               ("torch.distributed._composable.replicate_with_fsdp", "_get_device_from_mesh"),
+               ("torch.distributed.fsdp._init_utils", "_get_compute_device"))
 
 
 def _fsdp_device() -> None:
@@ -22,7 +25,7 @@ def _fsdp_device() -> None:
 
     cpu = torch.device("cpu")
 
-    def device_from_mesh(mesh: Any) -> Any:
+    def device_of_simulated_gpus(*args: Any, **kwargs: Any) -> Any:
         return cpu  # where a simulated GPU mesh's tensors are
 
     for module_name, name in FSDP_DEVICE:
@@ -31,22 +34,7 @@ def _fsdp_device() -> None:
         except ImportError:
             continue
         if hasattr(module, name):
-            setattr(module, name, device_from_mesh)
-    _fsdp1_device(cpu)
-
-
-def _fsdp1_device(cpu: Any) -> None:
-    """FSDP1 (FullyShardedDataParallel) takes its compute device from its parameters or from cuda:current, and
-    checks before every forward that its flat parameters are on it: on simulated GPUs they report cpu, so its
-    compute device is the cpu, as for the same script with its device edited to "cpu" (FSDP1's CPU path)."""
-    try:
-        init_utils = importlib.import_module("torch.distributed.fsdp._init_utils")
-    except ImportError:
-        return
-    if hasattr(init_utils, "_get_compute_device"):
-        setattr(init_utils, "_get_compute_device", lambda *args, **kwargs: cpu)  # noqa: B010
-
-
+            setattr(module, name, device_of_simulated_gpus)
 
 
 def _attention_strategies() -> None:

@@ -143,7 +143,7 @@ def plans_section() -> None:
 
 def fuzz_section(examples: int = 150) -> None:
     from meshsim import Cluster, Topology
-    from meshsim.fuzz import fuzz
+    from meshsim.sweep.loop import fuzz
 
     table = Table(title=f"fuzz: generated plans per second ({examples} examples, seed 0)")
     for col in ("W", "examples/s", "outcomes", "hangs (deadline)"):
@@ -159,8 +159,9 @@ def fuzz_section(examples: int = 150) -> None:
 def dtensor_section(examples: int = 400) -> None:
     """The default sweep at W = 8 (goal: >= 8 plans/s with DTensor steps in it), beside the same sweep with the
     DTensor steps switched off, measured in the same run."""
-    from meshsim import Cluster, Topology, strategies
-    from meshsim.fuzz import fuzz
+    from meshsim import Cluster, Topology
+    from meshsim.sweep import strategies
+    from meshsim.sweep.loop import fuzz
 
     table = Table(title=f"fuzz --hosts 2 --devices-per-host 4 --examples {examples}: DTensor's cost")
     for col in ("seed", "plans/s with DTensor", "DTensor steps", "plans/s without", "outcomes"):
@@ -190,10 +191,11 @@ def sweep_section(examples: int = 400, seeds: tuple[int, ...] = (1, 2, 3)) -> No
     (tests/faults.py) caught by a default sweep."""
     import tempfile
 
-    from meshsim import Cluster, Topology, strategies
-    from meshsim.fuzz import fuzz
-    from meshsim.report import render_produced
-    from meshsim.torch_coverage import MODULES, combine
+    from meshsim import Cluster, Topology
+    from meshsim.sweep import strategies
+    from meshsim.sweep.coverage import MODULES, combine
+    from meshsim.sweep.loop import fuzz
+    from meshsim.sweep.tables import render_produced
 
     reaches, rates, produced = {}, [], None
     for seed in seeds:
@@ -238,7 +240,7 @@ def sweep_section(examples: int = 400, seeds: tuple[int, ...] = (1, 2, 3)) -> No
 
 def _seeded_bugs(examples: int) -> None:
     from meshsim import Cluster, Topology
-    from meshsim.fuzz import fuzz
+    from meshsim.sweep.loop import fuzz
 
     table = Table(title=f"seeded bugs (tests/faults.py) against a default sweep of {examples} plans at W = 8, seed 1")
     for col in ("bug", "caught", "after", "plans", "shrunk to"):
@@ -256,7 +258,7 @@ def _seeded_bugs(examples: int) -> None:
 
 def find_section() -> None:
     from meshsim import Cluster, Topology
-    from meshsim.fuzz import fuzz
+    from meshsim.sweep.loop import fuzz
 
     table = Table(title="fuzz at W = 8: finding and shrinking bugs injected into DeviceMesh in the workers "
                         "(tests/faults.py)")
@@ -306,7 +308,7 @@ def soak_section(plans: int = 5000, every: int = 500) -> None:
     import os
 
     from meshsim import Cluster, Topology
-    from meshsim.fuzz import fuzz
+    from meshsim.sweep.loop import fuzz
 
     plans = int(os.environ.get("MESHSIM_SOAK_PLANS", plans))
 

@@ -46,7 +46,7 @@ class Example:
     @property
     def world(self) -> int:
         from meshsim.cli import build_parser
-        from meshsim.launch_options import request_of
+        from meshsim.launch.options import request_of
 
         return request_of(build_parser().parse_args(["launch", *self.flags, self.path])).topology.world
 
@@ -222,7 +222,7 @@ class _FirstWrite:
 
 def hang_table(console, deadlines: tuple[float, ...] = (3.0, 10.0)) -> None:
     from meshsim import Topology
-    from meshsim.launcher import launch
+    from meshsim.launch.launcher import launch
 
     table = Table(title="A hung script (rank 5 skips a tp all_reduce) on 2x4: from its first line to the verdict "
                         "with the diagnosis (goal: <= deadline + 1 s)")

@@ -20,7 +20,7 @@ def rss_mb(pid: int) -> float:
 
 def run(quick: bool = False) -> list[Figure]:
     from meshsim import Cluster, Topology
-    from meshsim.fuzz import fuzz
+    from meshsim.sweep.loop import fuzz
 
     plans = int(os.environ.get("MESHSIM_SOAK_PLANS", 1000 if quick else 5000))
     every = max(1, plans // 10)

@@ -24,7 +24,7 @@ def peak_mb():  # VmHWM: this process's own peak (ru_maxrss carries the parent's
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
 from meshsim import Cluster, Plan, Topology, step
-from meshsim.predict import predict
+from meshsim.model.predict import predict
 dims, hang = json.loads(sys.argv[1]), sys.argv[2] == "hang"
 shape, names = [s for _, s in dims], [n for n, _ in dims]
 steps = [step("init_device_mesh", out="m", shape=shape, names=names),
@@ -43,7 +43,7 @@ with Cluster(Topology(world // 8, 8), tier="model") as cluster:
     seconds = time.monotonic() - started
 size = len(json.dumps(result.to_json()))
 peak = peak_mb()
-from meshsim.predict import _run_rank
+from meshsim.model.predict import _run_rank
 from meshsim.spec.platform import CPU
 started, sample = time.monotonic(), 256
 for r in range(0, world, world // sample):

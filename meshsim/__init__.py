@@ -1,9 +1,9 @@
 """meshsim: a simulated multi-host cluster testbed for PyTorch DeviceMesh correctness.
 
 The data path, one package a stage: meshsim.spec (topology, plans, tiers) and meshsim.ops (every operation) ->
-meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.record (what every run ends in)
--> meshsim.judge (against meshsim.predict, the pure reference model's prediction; verdict, culprits, diagnosis)
--> meshsim.report. meshsim.check runs that path for every entry point.
+meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.core.record (what every run ends in)
+-> meshsim.judge (against meshsim.model.predict, the pure reference model's prediction; verdict, culprits, diagnosis)
+-> meshsim.judge.report. meshsim.check runs that path for every entry point.
 """
 
 from .spec import Plan, PlanError, Step, Topology, step
@@ -18,7 +18,7 @@ def __getattr__(name: str):
 
         return Cluster
     if name == "ClusterError":
-        from .errors import ClusterError
+        from .core.errors import ClusterError
 
         return ClusterError
     if name == "Verdict":
@@ -26,7 +26,7 @@ def __getattr__(name: str):
 
         return Verdict
     if name == "predict":
-        from .predict import predict
+        from .model.predict import predict
 
         return predict
     if name == "check":
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
         return check
     if name == "launch":
-        from .launcher import launch
+        from .launch import launch
 
         return launch
     raise AttributeError(name)

@@ -2,7 +2,7 @@
 
 `check` runs a plan (the Python API's Cluster.run, fuzz, scenarios, nightly, the pytest plugin, torchrun mode,
 replay), `run_function` a user's function (run_fn, a cluster's setup, the recipe's examples), and
-meshsim.launcher a script. Each hands its work to an executor (meshsim.run.Executor), which returns a record, and
+meshsim.launch.launcher a script. Each hands its work to an executor (meshsim.run.Executor), which returns a record, and
 the record to the one judge (meshsim.judge.verdict.judge), which returns a Verdict.
 """
 
@@ -11,19 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import deadlines
+from .core import deadlines
+from .core.wire import RunFunction, RunPlan
 from .judge.verdict import Verdict, judge
+from .model.predict import Prediction, no_gc, predict, unpredictable
 from .ops import validate
-from .predict import Prediction, no_gc, predict, unpredictable
 from .spec.plan import Plan, PlanError
 from .spec.platform import CPU, Platform
-from .wire import RunFunction, RunPlan
 
 
 def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU,
                    by_class: bool = False) -> Prediction:
     """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell.
-    `by_class`: rank classes answered once each (the model tier: meshsim.classes)."""
+    `by_class`: rank classes answered once each (the model tier: meshsim.model.classes)."""
     try:
         return predict(plan, world, deadline, platform=platform, by_class=by_class)
     except Exception as exc:  # the model's own bug becomes a verdict, never a traceback

@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, SHRINK_S, START_S
-from .errors import InputError, MeshsimError
-from .report import make_console
+from .core.deadlines import EXAMPLE_S, PLAN_S, SCENARIO_S, SHRINK_S, START_S
+from .core.errors import InputError, MeshsimError
+from .judge.report import make_console
 from .spec.platform import BACKENDS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -71,7 +71,7 @@ def _positive(kind: type) -> Any:
 
 
 def _deadline(text: str) -> float:
-    from .deadlines import DeadlineError, checked
+    from .core.deadlines import DeadlineError, checked
 
     try:
         return checked(float(text))
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
                     help=f"seconds each example may take (default {EXAMPLE_S:g})")
 
-    from .launch_options import add_arguments as launch_arguments
+    from .launch.options import add_arguments as launch_arguments
 
     sub.add_parser("launch", add_help=False, fill=launch_arguments,  # torchrun's parser brings its -h
                    help="run an unmodified torchrun script on simulated hosts x GPUs, bounded and diagnosed "
@@ -273,9 +273,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from .fuzz import fuzz
-    from .report import RunWatch, render_draws, render_produced, render_reach, render_result
+    from .judge.report import RunWatch, render_result
     from .spec.topology import Topology
+    from .sweep.loop import fuzz
+    from .sweep.tables import render_draws, render_produced, render_reach
 
     topology = Topology(args.hosts, args.devices_per_host)
     writable_dir(args.save, "--save")
@@ -310,7 +311,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                       divergent=args.divergent, strict=args.strict, save_dir=args.save, on_example=on_example,
                       shrink_budget=args.shrink_budget)
     if measured is not None:  # the ranks have stopped and saved what they reached
-        from .torch_coverage import combine
+        from .sweep.coverage import combine
 
         report.reach = combine(measured.name)
         measured.cleanup()
@@ -343,8 +344,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .report import progress_bar, render_diagnosis, render_result
-    from .scenario import judge_scenario, load
+    from .judge.report import progress_bar, render_diagnosis, render_result
+    from .scenario.files import judge_scenario, load
 
     scenarios = [load(path, deadline=args.deadline) for path in args.files]  # all valid before any runs
     out = make_console()
@@ -390,8 +391,8 @@ def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis
 
 
 def cmd_findings(args: argparse.Namespace) -> int:
-    from . import findings as F
     from .judge.verdict import torch_version
+    from .model import findings as F
 
     version = torch_version()
     if args.json:
@@ -410,7 +411,7 @@ def cmd_findings(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .check import prediction_for
     from .model import to_json
-    from .scenario import load
+    from .scenario.files import load
 
     sc = load(args.file)
     prediction = prediction_for(sc.plan, sc.topology.world, sc.deadline)
@@ -438,7 +439,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from .nightly import (
+    from .run.torchrun import under_torchrun
+    from .spec.topology import Topology
+    from .sweep.nightly import (
         check_scenarios_dir,
         default_seed,
         render,
@@ -446,8 +449,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         run_torchrun,
         write_outputs,
     )
-    from .run.torchrun import under_torchrun
-    from .spec.topology import Topology
 
     if args.seed is None:
         args.seed = default_seed()
@@ -497,7 +498,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launcher import main
+    from .launch.launcher import main
 
     writable_dir(args.log_dir, "--log-dir")
     writable_dir(args.host_dirs, "--host-dirs")

@@ -4,7 +4,7 @@
         verdict = cluster.run(plan)             # meshsim.check.check
         run = cluster.run_fn(fn, *args)         # meshsim.check.run_function
 
-Executors (meshsim.run, meshsim.tiers) only execute; this is where the Python API meets the judge.
+Executors (meshsim.run, meshsim.run.tiers) only execute; this is where the Python API meets the judge.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from .spec.topology import Topology
 class Cluster:
     """H simulated hosts x D devices on a tier (process by default), started once, reused for many runs.
 
-    Options go to the tier's executor (meshsim.tiers.open_executor): backend, setup, start_timeout, ranks (fake).
+    Options go to the tier's executor (meshsim.run.tiers.open_executor): backend, setup, start_timeout, ranks (fake).
     Anything else asked of a Cluster is its executor's (world, topology, tier, backend, pids, ...).
     """
 
     def __init__(self, topology: Topology, backend: str = "gloo", deadline: float | None = None,
                  tier: str = "process", **options: Any):
-        from .tiers import open_executor
+        from .run.tiers import open_executor
 
         if tier == "process":
             options["backend"] = backend

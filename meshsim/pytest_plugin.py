@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .deadlines import FUNCTION_S, PLAN_S
+from .core.deadlines import FUNCTION_S, PLAN_S
 
 MAX_ALIVE = 2  # clusters kept at once per test process (each rank holds ~200 MB)
 
@@ -89,12 +89,12 @@ class Helper:
         return self.cluster.run(plan, deadline=deadline or self.deadline)
 
     def assert_agrees(self, plan: Any, deadline: float | None = None, strict: bool = False) -> Any:
-        from .testing import assert_agrees
+        from .sweep.properties import assert_agrees
 
         return assert_agrees(self.cluster, plan, deadline=deadline or self.deadline, strict=strict)
 
     def check_property(self, strategy: Any = None, max_examples: int = 50, **kwargs: Any) -> None:
-        from .testing import check_property
+        from .sweep.properties import check_property
 
         check_property(self.cluster, strategy, max_examples=max_examples, deadline=self.deadline, **kwargs)
 
@@ -110,8 +110,8 @@ class Helper:
         """Your own torchrun script on this test's topology (simulated GPUs when the machine has too few); with
         check=True a failed or hung launch fails the test with the whole report (tracebacks, diagnosis, groups).
         options: torchrun's, as meshsim.launch takes them (max_restarts, host_dirs, ...)."""
-        from .deadlines import LAUNCH_S
-        from .launcher import launch
+        from .core.deadlines import LAUNCH_S
+        from .launch.launcher import launch
 
         result = launch(script, self.cluster.topology, args, deadline=deadline or self.deadline or LAUNCH_S,
                         module=module, **options)

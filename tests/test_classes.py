@@ -1,5 +1,5 @@
-"""The model tier answers a world by classes of ranks that run a plan alike (meshsim.classes): what it predicts must be
-what predicting every rank predicts, and a million ranks must cost a few ranks' runs."""
+"""The model tier answers a world by classes of ranks that run a plan alike (meshsim.model.classes): what it
+predicts must be what predicting every rank predicts, and a million ranks must cost a few ranks' runs."""
 
 import json
 
@@ -8,13 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshsim import Cluster, Topology, step
-from meshsim.classes import ClassView, lockstep, refine
+from meshsim.core.ranks import group_text
 from meshsim.judge.verdict import judge
 from meshsim.model import to_json
-from meshsim.predict import predict
-from meshsim.ranks import group_text
+from meshsim.model.classes import ClassView, lockstep, refine
+from meshsim.model.predict import predict
 from meshsim.spec.plan import Plan
-from meshsim.strategies import divergent_plans, plans
+from meshsim.sweep.strategies import divergent_plans, plans
 
 
 def _everything(prediction, plan):
@@ -87,7 +87,7 @@ def test_a_rank_that_skips_a_collective_in_a_million_is_the_one_culprit():
 
 def test_a_class_view_indexes_every_rank_and_iterates_each_class_once():
     label = refine(np.zeros(6, dtype=np.int64), np.array([0, 1, 0, 1, 0, 1]))
-    from meshsim.classes import RankClasses, representatives
+    from meshsim.model.classes import RankClasses, representatives
 
     view = ClassView(RankClasses(label, representatives(label)), ["even", "odd"])
     assert len(view) == 6 and view[5] == "odd" and view[4] == "even" and list(view) == ["even", "odd"]
@@ -102,8 +102,8 @@ def test_classes_whose_calls_cross_are_not_called_lockstep():
     prediction = predict(plan, 4, 5.0, by_class=True)
     assert prediction.outcome == "hang" and predict(plan, 4, 5.0).outcome == "hang"
     same = Plan(plan.steps[:1] + (step("all_reduce", mesh="m", dim="a"), step("all_reduce", mesh="m", dim="b")))
-    from meshsim.classes import Classifier
-    from meshsim.predict import _run_rank
+    from meshsim.model.classes import Classifier
+    from meshsim.model.predict import _run_rank
     from meshsim.spec.platform import CPU
 
     classifier = Classifier(same, 8, lambda r: _run_rank(same, r, 8, CPU))

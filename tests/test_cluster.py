@@ -11,7 +11,7 @@ import pytest
 from helpers import alive
 
 from meshsim import Cluster, ClusterError, Plan, Topology, step
-from meshsim.testing import assert_agrees
+from meshsim.sweep.properties import assert_agrees
 
 S = step
 M2 = S("init_device_mesh", shape=[2, 4], names=["dp", "tp"], out="m")

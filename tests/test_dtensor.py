@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from meshsim import Plan, step
 from meshsim.model import dtensor as D
 from meshsim.model.expect import Quirk
+from meshsim.model.predict import predict
 from meshsim.ops import validate
-from meshsim.predict import predict
 from meshsim.spec.fields import PlanError
-from meshsim.strategies import DTENSOR_COMPOSITIONS, _Builder, plans
-from meshsim.testing import assert_agrees
+from meshsim.sweep.properties import assert_agrees
+from meshsim.sweep.strategies import DTENSOR_COMPOSITIONS, _Builder, plans
 
 # ------------------------------------------------------------------------------------------ the model, pure
 
@@ -238,7 +238,7 @@ def test_partial_to_shard_beside_a_size_one_shard_agrees_on_real_ranks(meshsim_c
 
 
 def test_dtensor_plans_agree_with_the_model_on_the_shared_cluster(meshsim_cluster):
-    from meshsim.testing import check_property
+    from meshsim.sweep.properties import check_property
 
     @st.composite
     def dtensor_plans(draw):

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from meshsim import Cluster, Topology
-from meshsim.fuzz import fuzz
-from meshsim.scenario import load
-from meshsim.testing import check_property, check_property_over_topologies
+from meshsim.scenario.files import load
+from meshsim.sweep.loop import fuzz
+from meshsim.sweep.properties import check_property, check_property_over_topologies
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -41,7 +41,7 @@ def test_fuzz_finds_an_injected_bug_shrinks_it_and_saves_a_replayable_scenario(t
 
 
 def test_the_same_seed_draws_the_same_plans(meshsim_cluster):
-    from meshsim.strategies import matrix_plans
+    from meshsim.sweep.strategies import matrix_plans
 
     first_run = len(matrix_plans(meshsim_cluster.world))  # run first, whatever the seed
 
@@ -94,7 +94,7 @@ def test_fuzz_coverage_reports_torchs_device_mesh_code_reached_and_what_was_draw
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     reach = report["torch_coverage"]
-    from meshsim.torch_coverage import MODULES
+    from meshsim.sweep.coverage import MODULES
 
     assert [f["file"] for f in reach["files"]] == list(MODULES)  # DeviceMesh's files and DTensor's, per file
     assert "torch/distributed/tensor/_redistribute.py" in MODULES and "torch/distributed/tensor/_api.py" in MODULES
@@ -106,7 +106,7 @@ def test_fuzz_coverage_reports_torchs_device_mesh_code_reached_and_what_was_draw
 def test_every_coverage_exclusion_has_a_reason_and_still_matches_torchs_code():
     import re
 
-    from meshsim.torch_coverage import MODULES, exclusions, targets
+    from meshsim.sweep.coverage import MODULES, exclusions, targets
 
     sources = {module: open(path).read() for module, path in zip(MODULES, targets())}
     for rule in exclusions():
@@ -120,8 +120,8 @@ def test_every_coverage_exclusion_has_a_reason_and_still_matches_torchs_code():
 
 
 def test_a_long_sweep_runs_as_chunks_that_together_run_every_example(monkeypatch):
-    import meshsim.fuzz as fuzz_module
-    from meshsim.tiers import open_executor
+    import meshsim.sweep.loop as fuzz_module
+    from meshsim.run.tiers import open_executor
 
     monkeypatch.setattr(fuzz_module, "CHUNK", 4)
     with open_executor(Topology(2, 2), "model") as executor:

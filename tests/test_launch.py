@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from meshsim import Topology
-from meshsim.launcher import LaunchFailed, launch
-from meshsim.report import group_map, grouped_tracebacks
+from meshsim.judge.report import group_map, grouped_tracebacks
+from meshsim.launch.launcher import LaunchFailed, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "meshsim", "examples", "scripts")
@@ -104,8 +104,8 @@ def test_what_a_launched_script_leaves_behind_lives_until_its_rank_exits(tmp_pat
     import gc
     import weakref
 
+    from meshsim.core.wire import RunScript
     from meshsim.run import rank
-    from meshsim.wire import RunScript
 
     script = tmp_path / "leaves_a_model.py"
     script.write_text("class Model:\n    pass\nmodel = Model()\n" + ending + "\n")

@@ -12,7 +12,7 @@ import pytest
 from meshsim import Topology
 from meshsim.judge.blame import KINDS
 from meshsim.judge.diagnose import headline_wait
-from meshsim.launcher import launch
+from meshsim.launch.launcher import launch
 
 HANGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_scripts", "hangs")
 SLOW = pytest.mark.slow
@@ -89,9 +89,9 @@ def test_a_hanging_script_is_blamed_on_exactly_its_culprit_ranks_with_the_right_
 
 def test_a_rank_stuck_outside_any_call_waits_on_its_oldest_call_that_has_not_completed():
     """What DDP's reducer, a Work's wait and a functional collective's first use look like from the record."""
+    from meshsim.core.record import RankState
+    from meshsim.core.wire import STUCK, CallBegun, CallDone, CallReturned
     from meshsim.judge.blame import blocked_call
-    from meshsim.record import RankState
-    from meshsim.wire import STUCK, CallBegun, CallDone, CallReturned
 
     state = RankState(rank=0, end=STUCK)
     first, second = (CallBegun("all_reduce", (0, 1), "0", seq, None, "train.py:9") for seq in (0, 1))

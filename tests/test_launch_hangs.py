@@ -9,7 +9,7 @@ import sys
 from helpers import kill_session, wait_for
 
 from meshsim import Topology
-from meshsim.launcher import launch
+from meshsim.launch.launcher import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "launch_scripts")

@@ -10,8 +10,8 @@ import pytest
 
 from meshsim import Topology
 from meshsim.cli import build_parser, main
-from meshsim.launch_options import GPUS_PER_HOST, LaunchOptions, request_of
-from meshsim.launcher import launch
+from meshsim.launch.launcher import launch
+from meshsim.launch.options import GPUS_PER_HOST, LaunchOptions, request_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "launch_scripts")
@@ -139,8 +139,8 @@ def test_ranks_get_torchruns_thread_setting_one_thread_when_a_host_runs_several(
 
 
 def test_an_omp_num_threads_the_user_set_reaches_the_ranks_as_under_torchrun(monkeypatch):
-    from meshsim.launch_logs import RankLogs
-    from meshsim.launcher import _hosts
+    from meshsim.launch.launcher import _hosts
+    from meshsim.launch.logs import RankLogs
 
     options = LaunchOptions()
     logs = RankLogs(Topology(1, 2), options, None, None, None)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshsim.model import layout as L
-from meshsim.strategies import mesh_shapes
+from meshsim.sweep.strategies import mesh_shapes
 
 
 @given(st.integers(1, 64).flatmap(lambda w: mesh_shapes(w, allow_smaller=False)))

@@ -27,7 +27,7 @@ def test_the_pure_core_is_under_mypys_strict_flags():
         overrides = tomllib.load(fh)["tool"]["mypy"]["overrides"]
     strict = [o for o in overrides if o.get("disallow_untyped_defs") and o.get("disallow_any_generics")]
     covered = {m for o in strict for m in o["module"]}
-    assert {"meshsim.spec.*", "meshsim.model.*", "meshsim.judge.*", "meshsim.record", "meshsim.wire"} <= covered
+    assert {"meshsim.spec.*", "meshsim.model.*", "meshsim.judge.*", "meshsim.core.*"} <= covered
 
 
 def test_mypy_finds_nothing():

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshsim.model import Err, Quirk, torch_side
-from meshsim.predict import predict, predict_rank
+from meshsim.model.predict import predict, predict_rank
 from meshsim.spec.plan import Plan, step
-from meshsim.strategies import plans
+from meshsim.sweep.strategies import plans
 
 W = 8
 
@@ -27,7 +27,7 @@ MESH_3D = step("init_device_mesh", shape=[2, 2, 2], names=["dp", "cp", "tp"], ou
 
 
 def test_the_model_imports_no_torch():
-    code = ("import sys, meshsim.model, meshsim.spec, meshsim.ops, meshsim.strategies, meshsim.judge.verdict, "
+    code = ("import sys, meshsim.model, meshsim.spec, meshsim.ops, meshsim.sweep.strategies, meshsim.judge.verdict, "
             "meshsim.check; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshsim import Plan, step
+from meshsim.core.outcome import ERROR, HANG, UNDEFINED
 from meshsim.model import dtensor as D
 from meshsim.model.expect import Err, Quirk
-from meshsim.outcome import ERROR, HANG, UNDEFINED
-from meshsim.predict import predict
-from meshsim.testing import assert_agrees
+from meshsim.model.predict import predict
+from meshsim.sweep.properties import assert_agrees
 
 MESH_2X2 = step("init_device_mesh", shape=[2, 2], names=["a", "b"], out="m")
 
@@ -288,6 +288,6 @@ def stress_plans(draw):
 
 
 def test_plans_written_to_stress_the_model_agree_with_torch_or_name_their_finding(meshsim_cluster):
-    from meshsim.testing import check_property
+    from meshsim.sweep.properties import check_property
 
     check_property(meshsim_cluster, stress_plans(), max_examples=12)

@@ -8,11 +8,11 @@ from hypothesis import Phase, given, settings
 
 from meshsim import Plan, step
 from meshsim.check import check
+from meshsim.core.record import RankState
+from meshsim.core.wire import CallBegun, Stop, WireError, dispatch
 from meshsim.ops import OPERATIONS, PARTS, operation
-from meshsim.record import RankState
 from meshsim.spec import fields as F
-from meshsim.strategies import WEIGHTS, divergent_plans, plans
-from meshsim.wire import CallBegun, Stop, WireError, dispatch
+from meshsim.sweep.strategies import WEIGHTS, divergent_plans, plans
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
@@ -92,7 +92,7 @@ def test_the_ranks_and_the_model_do_not_import_each_other():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = eval(out.stdout)
     assert [m for m in loaded if m.startswith("meshsim.model.")] == ["meshsim.model.expect"]
-    assert not [m for m in loaded if m.startswith(("meshsim.judge", "meshsim.predict", "meshsim.check"))]
+    assert not [m for m in loaded if m.startswith(("meshsim.judge", "meshsim.model.predict", "meshsim.check"))]
     code = "import sys, meshsim.model, meshsim.check; print([m for m in sys.modules if m.startswith('meshsim.run.')])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -108,7 +108,7 @@ class _RecordingExecutor:
     tier, capabilities, world, topology = "model", TIERS["model"], 2, Topology(1, 2)
 
     def execute(self, work, meanwhile=None):
-        from meshsim.record import RankState, RunRecord
+        from meshsim.core.record import RankState, RunRecord
 
         if meanwhile:
             meanwhile()

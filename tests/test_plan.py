@@ -5,7 +5,7 @@ from hypothesis import given, settings
 
 from meshsim.ops import validate
 from meshsim.spec.plan import Plan, PlanError, step
-from meshsim.strategies import plans
+from meshsim.sweep.strategies import plans
 
 
 @settings(max_examples=60)

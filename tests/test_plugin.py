@@ -8,7 +8,7 @@ PLUGIN_TESTS = '''
 import os
 import pytest
 from meshsim import Plan, step
-from meshsim.strategies import plans
+from meshsim.sweep.strategies import plans
 
 PLAN = Plan((step("init_device_mesh", shape=[2], names=["x"], out="m"), step("check", mesh="m")))
 
@@ -41,7 +41,7 @@ def test_a_run_fn_that_raises_fails_the_test_even_if_no_value_is_read(meshsim):
     assert meshsim.run_fn(lambda: 1 / 0, check=False).outcome == "error"
 
 def test_a_strict_run_fails_on_a_finding_and_shows_the_report(meshsim):
-    from meshsim.testing import Disagreement
+    from meshsim.sweep.properties import Disagreement
     reversed_mesh = Plan((step("mesh", layout=[1, 0], names=["x"], out="m"), step("check", mesh="m")))
     meshsim.assert_agrees(reversed_mesh)
     with pytest.raises(Disagreement, match="group-rank-order"):

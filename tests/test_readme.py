@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from meshsim.ops import reference_markdown
-from meshsim.scenario import parse
+from meshsim.scenario.files import parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()

@@ -189,7 +189,7 @@ def test_point_to_point_calls_pair_up_per_peer_and_replay_as_a_barrier_of_the_tw
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_scenario_is_toml_meshsim_reads_and_expects_the_culprits_of_the_dumps(case, tmp_path):
-    from meshsim.scenario import load
+    from meshsim.scenario.files import load
 
     inc = incident(case)
     analysis = analyze(inc)
@@ -406,7 +406,7 @@ def _fixed(data: dict) -> dict:
 
 @pytest.mark.parametrize("case", sorted(REPLAYED))
 def test_every_replay_ends_as_its_dumps_say_and_the_fix_makes_it_finish(case, meshsim_cluster):
-    from meshsim.scenario import judge_scenario, parse
+    from meshsim.scenario.files import judge_scenario, parse
 
     inc = incident(case)
     replay = to_scenario(inc, analyze(inc), deadline=3)
@@ -420,7 +420,7 @@ def test_every_replay_ends_as_its_dumps_say_and_the_fix_makes_it_finish(case, me
 
 
 def test_a_rank_whose_dump_is_lost_replays_as_its_twins_and_the_hang_shows_as_in_the_job(meshsim_cluster, tmp_path):
-    from meshsim.scenario import judge_scenario
+    from meshsim.scenario.files import judge_scenario
 
     directory = _copy("skip_on_mesh_dim", tmp_path)
     os.remove(f"{directory}/fr_trace_rank_2")
@@ -432,7 +432,7 @@ def test_a_rank_whose_dump_is_lost_replays_as_its_twins_and_the_hang_shows_as_in
 
 @pytest.mark.meshsim(topology="2x2")
 def test_a_skipped_receive_replays_as_a_pair_that_waits_and_the_fix_makes_it_finish(meshsim):
-    from meshsim.scenario import judge_scenario, parse
+    from meshsim.scenario.files import judge_scenario, parse
 
     inc = incident("nccl_pipeline_recv_skipped")
     replay = to_scenario(inc, analyze(inc), deadline=3)

@@ -9,7 +9,7 @@ import pytest
 from helpers import alive
 
 from meshsim import cli
-from meshsim.scenario import ScenarioError, judge_scenario, load
+from meshsim.scenario.files import ScenarioError, judge_scenario, load
 from meshsim.spec.plan import Plan, step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,8 +130,8 @@ def test_run_releases_a_topologys_cluster_once_no_file_left_needs_it(tmp_path, m
             return meshsim_result_stub(self.topology)
 
     def meshsim_result_stub(topology):
+        from meshsim.core.record import RunRecord
         from meshsim.judge.verdict import judge
-        from meshsim.record import RunRecord
 
         return judge(RunRecord(topology.world, 1, [], 0.0, False), "plan")
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from meshsim import Topology
-from meshsim.launcher import launch
+from meshsim.launch.launcher import launch
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_scripts")
 ORDINAL = "AcceleratorError: CUDA error: invalid device ordinal (device 2; this simulated host has 2 GPUs, 0..1)"

@@ -5,9 +5,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshsim.model.predict import predict
 from meshsim.ops import validate
-from meshsim.predict import predict
-from meshsim.strategies import (
+from meshsim.sweep.strategies import (
     dim_names,
     divergent_plans,
     mesh_shapes,

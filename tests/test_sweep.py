@@ -10,13 +10,13 @@ from hypothesis import given, settings
 
 from meshsim import Cluster, Plan, Topology, step
 from meshsim.check import check
-from meshsim.fuzz import fuzz
+from meshsim.core.wire import error_value
 from meshsim.model.expect import Err, ModelRaise
 from meshsim.ops.layouts import Layout, layout_steps
-from meshsim.produced import MESH_KINDS, Produced, cells
-from meshsim.strategies import matrix_plans
-from meshsim.tiers import open_executor
-from meshsim.wire import error_value
+from meshsim.run.tiers import open_executor
+from meshsim.sweep.loop import fuzz
+from meshsim.sweep.produced import MESH_KINDS, Produced, cells
+from meshsim.sweep.strategies import matrix_plans
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

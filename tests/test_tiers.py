@@ -9,11 +9,11 @@ from helpers import alive
 from meshsim import Cluster, Topology, step
 from meshsim.check import check
 from meshsim.cli import main
-from meshsim.predict import predict
+from meshsim.core.wire import UNMOVED, is_digest
+from meshsim.model.predict import predict
 from meshsim.run.fake import sample_ranks
+from meshsim.run.tiers import TierError, open_executor
 from meshsim.spec.plan import Plan
-from meshsim.tiers import TierError, open_executor
-from meshsim.wire import UNMOVED, is_digest
 
 COMPOSED = Plan((
     step("init_device_mesh", out="m", shape=[2, 2, 2], names=["dp", "cp", "tp"]),

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from meshsim.scenario import judge_scenario, load
+from meshsim.scenario.files import judge_scenario, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSLATED = sorted(glob.glob(os.path.join(ROOT, "scenarios", "torch", "*.toml")))

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..deadlines import EXAMPLE_S
+from ..core.deadlines import EXAMPLE_S
+from ..core.outcome import PASS
 from ..model import torch_side
-from ..outcome import PASS
-from ..predict import predict
+from ..model.predict import predict
 from ..spec.plan import Plan, step
 
 TOPOLOGY = (2, 4)
@@ -55,8 +55,8 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 def two_d_setup_as_printed(deadline: float) -> tuple[bool, str, dict]:
     """The recipe's 2d_setup.py, unchanged (torch.cuda.device_count() and set_device(rank) included), launched
     as torchrun would on 1 host x 8 GPUs and on 2 hosts x 4 GPUs (simulated GPUs, one host's view each)."""
-    from ..launcher import launch
-    from ..report import group_map, grouped_tracebacks
+    from ..judge.report import group_map, grouped_tracebacks
+    from ..launch.launcher import launch
     from ..spec.topology import Topology
 
     script = os.path.join(SCRIPTS, "2d_setup.py")

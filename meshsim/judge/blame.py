@@ -1,6 +1,6 @@
 """Who is to blame when a run does not finish: one rule for plans, user functions, scripts, torchrun and replays.
 
-Culprits follow from the record (meshsim.record), not from who happens to be waiting:
+Culprits follow from the record (meshsim.core.record), not from who happens to be waiting:
 - a rank that died, or raised outside any collective, is a culprit (but where it died in a collective whose
   members passed other tensor sizes, gloo killed whichever noticed: the odd sizes are to blame);
 - a rank whose collective raised because a peer left is a victim of that peer;
@@ -10,7 +10,7 @@ Culprits follow from the record (meshsim.record), not from who happens to be wai
   first position where the members disagree. A rank that waits, or that completed a mismatched collective
   because its partner skipped one, is a victim, and the diagnosis says what it did. A rank waits in the call it
   is inside, else in its oldest call in flight (a Work not yet completed: DDP's buckets, async_op, isend, a
-  functional collective); a point-to-point call is made on its channel (meshsim.wire.SENDS);
+  functional collective); a point-to-point call is made on its channel (meshsim.core.wire.SENDS);
 - ranks held in a call at a line that more members finished the script without ever reaching added it;
 - a rank that finished without a call its part's other finished ranks made, while a partner has not got there
   yet, is a second culprit (the hang behind the first);
@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranks import group_text, ranks_text
-from ..record import RankState, RunRecord
-from ..wire import DIED, FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
+from ..core.ranks import group_text, ranks_text
+from ..core.record import RankState, RunRecord
+from ..core.wire import DIED, FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
 
 KINDS = {
     "dead": "dead rank",

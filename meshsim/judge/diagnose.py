@@ -1,6 +1,6 @@
 """Why a run did not finish: who waits where, for whom, who is to blame (meshsim.judge.blame), and the stacks.
 
-Built from the record (meshsim.record) alone, so it reads a plan, a user function, a script, a torchrun job and
+Built from the record (meshsim.core.record) alone, so it reads a plan, a user function, a script, a torchrun job and
 a replayed incident the same way. A plan, when there is one, only adds mesh coordinates and a tie-breaker.
 """
 
@@ -10,10 +10,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.ranks import group_text, ranks_text
+from ..core.record import RankState, RunRecord
+from ..core.wire import DIED, RAISED
 from ..model import torch_side
-from ..ranks import group_text, ranks_text
-from ..record import RankState, RunRecord
-from ..wire import DIED, RAISED
 from .blame import KINDS, blame, blocked_call, missing_from
 
 __all__ = ["KINDS", "Diagnosis", "Wait", "diagnose", "headline_wait"]
@@ -67,7 +67,7 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
     elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}
     divergent: set[int] = set()
     if plan is not None:
-        from ..predict import divergent_ranks
+        from ..model.predict import divergent_ranks
 
         divergent = divergent_ranks(plan, record.world)
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []

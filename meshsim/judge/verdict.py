@@ -1,6 +1,6 @@
 """The one judge: what every rank observed against what the model predicts, how the run ended, and who is to blame.
 
-Every kind of run ends in a record (meshsim.record); `judge` turns it into a Verdict, the one result type that
+Every kind of run ends in a record (meshsim.core.record); `judge` turns it into a Verdict, the one result type that
 the CLI, the Python API, pytest, nightly and replay report.
 """
 
@@ -11,16 +11,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import findings as F
-from ..model import Err, Quirk, to_json
-from ..model.expect import UNPREDICTED, Grid
-from ..outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
-from ..predict import Prediction
-from ..record import RankState, RunRecord
-from ..spec.fields import flatten_layout
-from ..spec.plan import Plan
-from ..spec.topology import Topology
-from ..wire import (
+from ..core.outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
+from ..core.record import RankState, RunRecord
+from ..core.wire import (
     DIED,
     DTENSOR_CALL,
     FINISHED,
@@ -32,6 +25,13 @@ from ..wire import (
     is_digest,
     is_error,
 )
+from ..model import Err, Quirk, to_json
+from ..model import findings as F
+from ..model.expect import UNPREDICTED, Grid
+from ..model.predict import Prediction
+from ..spec.fields import flatten_layout
+from ..spec.plan import Plan
+from ..spec.topology import Topology
 from .diagnose import Diagnosis, diagnose
 
 
@@ -92,7 +92,7 @@ class RankResult:
 class Verdict:
     """How a run ended, judged: one type for every kind of work (a plan, a user function, a script, a replay).
 
-    outcome: what happened (meshsim.outcome); expected: what the model says should (a plan's prediction; a
+    outcome: what happened (meshsim.core.outcome); expected: what the model says should (a plan's prediction; a
     function, a script and a replay are expected to pass); the differences from the model and the findings they
     touched; the diagnosis when the run did not finish cleanly; and the record it was judged from.
     """
@@ -115,7 +115,7 @@ class Verdict:
 
     @property
     def notes(self) -> list[str]:
-        """What the tier that ran this could not check (meshsim.record.RunRecord.notes)."""
+        """What the tier that ran this could not check (meshsim.core.record.RunRecord.notes)."""
         return list(self.record.notes)
 
     @property
@@ -190,12 +190,12 @@ class Verdict:
 
     def report(self) -> str:
         """The whole story, as text."""
-        from ..report import verdict_text
+        from .report import verdict_text
 
         return verdict_text(self)
 
     def summary(self) -> str:
-        from ..report import verdict_summary
+        from .report import verdict_summary
 
         return verdict_summary(self)
 
@@ -259,7 +259,7 @@ def _outcome_ok(expected: Any, outcome: str) -> bool:
 def judge(record: RunRecord, work: str = "plan", plan: Plan | None = None, prediction: Prediction | None = None,
           strict: bool = False, script: str = "", topology: Topology | None = None) -> Verdict:
     """The one judge: a record (of any executor, any work) against the model where there is a plan; one rule for
-    the outcome (meshsim.outcome) and one for culprits (meshsim.judge.blame)."""
+    the outcome (meshsim.core.outcome) and one for culprits (meshsim.judge.blame)."""
     differences, hits = _against_model(plan, prediction, record)
     if record.classes is not None:  # a class's representative stands for every rank of its class
         for hit in hits.values():
@@ -360,7 +360,7 @@ _digests: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(expected view) -> (vi
 
 
 def digest_of(expected: Any) -> dict[str, Any]:
-    """The model's view digested as the fake tier digests torch's (meshsim.wire.digest_ints)."""
+    """The model's view digested as the fake tier digests torch's (meshsim.core.wire.digest_ints)."""
     hit = _digests.get(id(expected))
     if hit is not None and hit[0] is expected:
         return hit[1]

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from ..core.wire import NOT_SIMULATED, local_observation, tensor_values
 from ..spec.fields import flatten_layout
 from ..spec.placements import (
     MAX_DTENSOR_DIMS,
@@ -37,7 +38,6 @@ from ..spec.placements import (
     parse_placement,
     placement_text,
 )
-from ..wire import NOT_SIMULATED, local_observation, tensor_values
 from . import layout as L
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 

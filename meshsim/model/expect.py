@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire import is_error
+from ..core.wire import is_error
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The emulator's *state* (which groups exist, which meshes a call returns) follows what torch's code does,
 because later steps depend on it; where torch's answer is wrong or undocumented, the *observation* carries a
-Quirk with the right value beside torch's, naming the finding (see meshsim.findings).
+Quirk with the right value beside torch's, naming the finding (see meshsim.model.findings).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class RankModel:
         self.step = -1
         self.findings: set[str] = set()
         self.world_group = Group(WORLD_KEY, L.identity_map(world), L.identity_map(world), "default_pg")
-        # What this rank's answers depended on, for meshsim.classes: every geometry and dim it asked about, and
+        # What this rank's answers depended on, for meshsim.model.classes: every geometry and dim it asked about, and
         # for each group it created along a dim of a mesh the plan names, the dim's kind (the counter where the
         # dim's groups start, the dim, id of the rank map)
         self.touched: dict[int, Any] = {}

@@ -5,7 +5,7 @@ Hypothesis strategy, side by side.
     torch(ex, args)    what torch does on this rank (meshsim.run.interpreter.Interpreter); torch is imported
                        inside, so the model and the strategies stay free of it
     draw(draw, b, handle, mesh, allow_errors)
-                       a Hypothesis draw of one such step for the plan being built (meshsim.strategies),
+                       a Hypothesis draw of one such step for the plan being built (meshsim.sweep.strategies),
                        or None when it does not fit there
 
 The registry refuses an operation that lacks any part, so a plan step can never reach a rank that has no

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
+from ..core.wire import DTENSOR_CALL, NOT_SIMULATED, RUN_CHECK_CALL, local_observation, tensor_values
 from ..model.expect import Err, ModelRaise, Quirk
 from ..spec import fields as F
 from ..spec.placements import (
@@ -23,7 +24,6 @@ from ..spec.placements import (
     placement_text,
 )
 from ..spec.plan import step
-from ..wire import DTENSOR_CALL, NOT_SIMULATED, RUN_CHECK_CALL, local_observation, tensor_values
 from .registry import operation, rarely
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..core.wire import DIED, INJECTED, RAISED
 from ..spec import fields as F
 from ..spec.plan import step
-from ..wire import DIED, INJECTED, RAISED
 from .registry import operation
 
 

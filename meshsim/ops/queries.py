@@ -7,9 +7,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..core.wire import error_value
 from ..spec import fields as F
 from ..spec.plan import step
-from ..wire import error_value
 from . import collectives as C
 from .meshes import names_of
 from .registry import operation

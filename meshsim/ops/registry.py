@@ -24,12 +24,12 @@ class Operation:
     torch: Callable[..., Any]
     draw: Callable[..., Any]
     check_args: Callable[[dict], None] = field(default=lambda args: None)
-    weight: int = 0  # how often meshsim.strategies.plans draws it, by how much of torch it reaches
+    weight: int = 0  # how often meshsim.sweep.strategies.plans draws it, by how much of torch it reaches
 
 
 OPERATIONS: dict[str, Operation] = {}
 PARTS = ("model", "torch", "draw")
-# Roots start plans (meshsim.strategies.root_steps) and faults make them diverge (divergent_plans); every other
+# Roots start plans (meshsim.sweep.strategies.root_steps) and faults make them diverge (divergent_plans); every other
 # role is drawn by plans() in proportion to its weight, so one without a weight would never be drawn.
 DRAWN_ELSEWHERE = ("root", "fault")
 

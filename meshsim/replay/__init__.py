@@ -6,7 +6,7 @@ the incident as a meshsim scenario that `meshsim run` replays (docs/replay.md).
                                                 # the dumps show no rank, it is placed from its peers' (absent.py)
     analysis = analyze(incident)                # culprits from per-group counts, victims, notes
     replay = to_scenario(incident, analysis)    # .data (TOML table), .save(path), .scenario() (validated)
-    record = to_record(incident, analysis)      # meshsim.record.RunRecord for meshsim's judge
+    record = to_record(incident, analysis)      # meshsim.core.record.RunRecord for meshsim's judge
     answer = run_torch(dumps, incident)         # torch's own analyzer on the same dumps, for comparison
 
 `main(args)` and `add_arguments(parser)` are the `meshsim replay` command.

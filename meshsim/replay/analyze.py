@@ -1,6 +1,6 @@
 """Who hung the job, from the dumps alone: meshsim's one culprit rule (meshsim.judge.blame), never file order.
 
-`to_record` turns an incident into the record a live run would have left (meshsim.record): every rank's calls on
+`to_record` turns an incident into the record a live run would have left (meshsim.core.record): every rank's calls on
 every group in the order it issued them, the call each waiting rank is held in, the sizes it passed. The judge
 then names culprits from per-group sequence counts and the program order the majority of ranks followed: a rank
 without a dump died; one that went past a call the others wait in skipped it; one in no call stalled; members at
@@ -235,15 +235,15 @@ def _summary(incident: Incident, analysis: Analysis) -> str:
 
 
 def to_record(incident: Incident, analysis: Analysis | None = None, deadline: float = 0.0) -> Any:  # noqa: ARG001
-    """The incident as meshsim's RunRecord (meshsim.record), so that meshsim's judge diagnoses it as it
+    """The incident as meshsim's RunRecord (meshsim.core.record), so that meshsim's judge diagnoses it as it
     diagnoses a live run: a waiting rank is STUCK in its call (a CallBegun on its group at Flight Recorder's
     collective_seq_id, so the judge's words count calls as the dumps do), any other rank with a dump STUCK in
     none; call_log maps every recorded (group, seq) to (site, op), issued keeps their order, sizes what each
     passed, and calls_on is one past each group's last seq. A rank without a dump is placed as meshsim.replay.absent
     places it: DIED where it cannot be anywhere its peers' dumps allow, else STUCK where its twins are, with the
     calls its peers prove it made. `analysis` is accepted for callers of the first version and not needed."""
-    from ..record import RankState, RunRecord
-    from ..wire import DIED, STUCK
+    from ..core.record import RankState, RunRecord
+    from ..core.wire import DIED, STUCK
 
     states, stacks = [], {}
     for rank in range(incident.world):
@@ -307,7 +307,7 @@ def _sizes(call: Call) -> str:
 
 
 def _begun(incident: Incident, rank: int, call: Call) -> Any:
-    from ..wire import CallBegun
+    from ..core.wire import CallBegun
 
     g = incident.groups[call.group]
     return CallBegun(_kind(call), tuple(g.ranks), call.group, call.seq, _context(incident, g, rank), call.site,

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .. import deadlines
+from ..core import deadlines
 from .dumps import ReplayError
 
 TIERS = ("auto", "process", "thread", "fake", "model", "none")
@@ -104,8 +104,8 @@ def _exit_code(analysis: Any, run: Any) -> int:
 def _run(scenario: Any, tier: str) -> tuple[Any, str | None]:
     """The scenario on `tier`, judged as `meshsim run` judges it; a world the tier cannot hold is refused."""
     from ..cluster import Cluster
-    from ..errors import MeshsimError
-    from ..scenario import judge_scenario
+    from ..core.errors import MeshsimError
+    from ..scenario.files import judge_scenario
 
     try:
         cluster = Cluster(scenario.topology, tier=tier, deadline=scenario.deadline)
@@ -151,7 +151,7 @@ def _judged(incident: Any) -> Any:
 
 
 def _render_judged(verdict: Any) -> None:
-    from ..report import make_console, render_diagnosis
+    from ..judge.report import make_console, render_diagnosis
 
     if verdict.diagnosis is not None:
         render_diagnosis(verdict.diagnosis, make_console())

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 # torch's loader infers the prefix with this expression: a rank is the digits that end a file name
 NAME = re.compile(r"([\w\-\_]*?)(\d+)$")

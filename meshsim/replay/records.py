@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.ranks import ranks_text
 from ..judge.blame import ProgramOrder as _VotedOrder
-from ..ranks import ranks_text
 
 COMPLETED = "completed"
 IN_FLIGHT = "in flight"  # issued, not finished: the rank waits in it (NCCL: started or scheduled)
@@ -243,7 +243,7 @@ def _numel(shape: Any) -> int:
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
-    """The replay's way to write ranks: meshsim.ranks.ranks_text in brackets, "[0-3, 5]"."""
+    """The replay's way to write ranks: meshsim.core.ranks.ranks_text in brackets, "[0-3, 5]"."""
     return "[" + ranks_text(ranks).replace(",", ", ") + "]"
 
 

@@ -94,7 +94,7 @@ class Replay:
 
     def scenario(self, path: str = "") -> Any:
         """Validated through meshsim's own scenario parser (ScenarioError if the plan is not valid)."""
-        from ..scenario import parse
+        from ..scenario.files import parse
 
         return parse(self.data, path)
 

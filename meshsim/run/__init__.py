@@ -1,5 +1,5 @@
 """Executors: they run a plan, a user function or a script on ranks under a deadline and return a RunRecord
-(meshsim.record). They neither predict nor judge: meshsim.check does validate -> predict -> execute -> judge.
+(meshsim.core.record). They neither predict nor judge: meshsim.check does validate -> predict -> execute -> judge.
 
     ProcessExecutor    worker processes forked on this machine, gloo or NCCL   meshsim.run.process
     ThreadExecutor     threads of one host process, torch's threaded group     meshsim.run.threads
@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..record import RankState, RunRecord
+from ..core.record import RankState, RunRecord
+from ..core.wire import RunFunction, RunPlan, RunScript
 from ..spec.platform import Platform
 from ..spec.tiers import Capabilities, TierError
 from ..spec.topology import Topology
-from ..wire import RunFunction, RunPlan, RunScript
 
 Work = RunPlan | RunFunction | RunScript
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class Executor(Protocol):
-    """What every tier implements; meshsim.check and meshsim.launcher call nothing else."""
+    """What every tier implements; meshsim.check and meshsim.launch.launcher call nothing else."""
 
     tier: str
     capabilities: Capabilities
@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(process, name)
     if name in ("ClusterError", "SetupError"):
-        from .. import errors
+        from ..core import errors
 
         return getattr(errors, name)
     raise AttributeError(name)

@@ -7,7 +7,7 @@ Two worker processes (the machine's two cores) take alternate ranks of the sampl
 fresh default group.
 
 What it cannot check, and says so in the report: collective results and DTensor values (the fake group moves
-no data: they are observed as meshsim.wire.UNMOVED) and hangs (no call ever waits). DTensor steps are checked
+no data: they are observed as meshsim.core.wire.UNMOVED) and hangs (no call ever waits). DTensor steps are checked
 for what needs no data: every rank's local shape, global offset and placements, and the collectives a
 distribute, redistribute or full_tensor issues, as torch's CommDebugMode counts them.
 
@@ -29,14 +29,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import deadlines
-from ..errors import ClusterError
-from ..ops import operation_of
-from ..record import RankState, RunRecord, RunStatus
-from ..spec.platform import Platform
-from ..spec.tiers import TIERS, TierError
-from ..spec.topology import Topology
-from ..wire import (
+from ..core import deadlines
+from ..core.errors import ClusterError
+from ..core.record import RankState, RunRecord, RunStatus
+from ..core.wire import (
     FINISHED,
     STUCK,
     UNMOVED,
@@ -52,6 +48,10 @@ from ..wire import (
     encoded,
     is_error,
 )
+from ..ops import operation_of
+from ..spec.platform import Platform
+from ..spec.tiers import TIERS, TierError
+from ..spec.topology import Topology
 from .follow import Hosted, follow
 from .generation import Generation
 from .interpreter import Interpreter
@@ -277,7 +277,7 @@ class FakeExecutor(Pooled):
 
     @property
     def by_class(self) -> bool:
-        """Predict a large world by rank classes (meshsim.classes): the ranks checked here are asked about by
+        """Predict a large world by rank classes (meshsim.model.classes): the ranks checked here are asked about by
         index, and each of them gets its own exact prediction; the rest cost what their classes cost (16,384
         ranks rank by rank took 15 s of model time for a 5-step DTensor plan)."""
         return self.world > BY_CLASS_OVER

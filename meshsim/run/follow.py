@@ -1,7 +1,7 @@
 """The one loop that follows a run on worker processes: the process, thread and fake tiers all use it.
 
 A worker hosts one rank (process tier) or many (a thread host, a fake player); a message from a worker that
-hosts many carries its rank (meshsim.wire.FromRank). The loop reads every worker's progress until each rank has
+hosts many carries its rank (meshsim.core.wire.FromRank). The loop reads every worker's progress until each rank has
 sent its result, a worker died (then the others get a short grace), or time ran out. Time runs from the start of
 the run, or, where a worker plays its ranks one after another (fake), from the last message of that worker.
 """
@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import deadlines
-from ..ranks import ranks_text
-from ..record import RankState, RunStatus
-from ..wire import (
+from ..core import deadlines
+from ..core.ranks import ranks_text
+from ..core.record import RankState, RunStatus
+from ..core.wire import (
     DIED,
     FINISHED,
     RAISED,
@@ -70,7 +70,7 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
            echo: Callable[[], None] | None = None, watch: Callable[[RunStatus], None] | None = None,
            on_quiet: Callable[[], None] | None = None) -> tuple[set[int], str]:
     """Follow until every rank has ended or time is up; returns the ranks still pending (stuck), and what stopped
-    the run (meshsim.record.STOPPED: every rank ended, the deadline, or a failure and its grace).
+    the run (meshsim.core.record.STOPPED: every rank ended, the deadline, or a failure and its grace).
 
     from_last_message: a worker's time restarts with each message it sends (a worker that plays ranks in turn);
     stop_on_failure: a rank that raises stops the run after a grace, as torchrun stops a job; echo: called about

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..errors import ClusterError
-from ..wire import JoinFailed, Ready, Stop, encoded
+from ..core.errors import ClusterError
+from ..core.wire import JoinFailed, Ready, Stop, encoded
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
 from .reaper import ignore_interrupts_while, kill_group
 

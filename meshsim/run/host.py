@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..wire import ScriptHost
+from ..core.wire import ScriptHost
 
 LOOPBACK = "127.0.0.1"
 

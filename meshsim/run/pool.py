@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Self
 
-from ..errors import ClusterError, SetupError
+from ..core.errors import ClusterError, SetupError
 from .generation import Generation, preload
 from .rank import WorkerSpec
 from .reaper import Reaper

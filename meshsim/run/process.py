@@ -8,14 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import deadlines
-from ..errors import ClusterError, SetupError
-from ..outcome import outcome_of
-from ..record import RankState, RunRecord, RunStatus
+from ..core import deadlines
+from ..core.errors import ClusterError, SetupError
+from ..core.outcome import outcome_of
+from ..core.record import RankState, RunRecord, RunStatus
+from ..core.wire import FINISHED, STUCK, RunFunction, RunPlan, RunScript, Teardown
 from ..spec.platform import BACKENDS, platform_for
 from ..spec.tiers import TIERS
 from ..spec.topology import Topology
-from ..wire import FINISHED, STUCK, RunFunction, RunPlan, RunScript, Teardown
 from .follow import Hosted, follow
 from .generation import Generation
 from .pool import Pooled, WorkerPool
@@ -69,7 +69,7 @@ class ProcessExecutor(Pooled):
         self.platform = platform_for(self.backend)  # the model needs to know
         self.deadline, self.start_timeout = deadlines.for_tier(self.tier, topology.world, deadline, start_timeout)
         self.setup = setup
-        self.coverage_dir = coverage_dir  # measure torch's code in the ranks (meshsim.torch_coverage)
+        self.coverage_dir = coverage_dir  # measure torch's code in the ranks (meshsim.sweep.coverage)
         self.script = script
         self.simulated_gpus = simulated_gpus
         self.echo = echo

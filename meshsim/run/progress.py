@@ -1,7 +1,7 @@
 """Live progress events from a rank, emitted *before* every call that can block.
 
 A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
-group creation announces itself first (meshsim.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
+group creation announces itself first (meshsim.core.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
 MeshBuilt). They are installed around torch.distributed itself, so users' own code is followed too.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from ..wire import RECVS, SENDS, Batch, CallBegun, CallDone, CallReturned, MeshBuilt
+from ..core.wire import RECVS, SENDS, Batch, CallBegun, CallDone, CallReturned, MeshBuilt
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single",

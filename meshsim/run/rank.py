@@ -4,7 +4,7 @@
 local cluster (meshsim.run.process) or a process torchrun started (meshsim.run.torchrun). A worker process dies
 with the controller (PR_SET_PDEATHSIG, and a lifeline pipe whose end-of-file it watches from a thread, which
 works even while the main thread is stuck inside C++), dumps its Python stacks on SIGUSR1, and bounds every
-torch wait by the run's deadline (meshsim.deadlines.torch_wait).
+torch wait by the run's deadline (meshsim.core.deadlines.torch_wait).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..deadlines import torch_wait
-from ..spec.platform import platform_for, uses_nccl
-from ..wire import (
+from ..core.deadlines import torch_wait
+from ..core.wire import (
     FunctionBegun,
     FunctionDone,
     JoinFailed,
@@ -41,6 +40,7 @@ from ..wire import (
     dispatch,
     sender,
 )
+from ..spec.platform import platform_for, uses_nccl
 from .reaper import die_with_parent, lead_own_group
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -59,7 +59,7 @@ class WorkerSpec:
     start_timeout_s: float  # joining the world; torch's waits follow from it by torch_wait()
     script: bool = False  # a bare rank for `meshsim launch`: the user's script makes its own process group
     simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
-    coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.torch_coverage)
+    coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.run.coverage)
     flight_recorder: str | None = None  # record collectives, and dump them here on a hang (meshsim.run.flight)
     gpus_per_host: int | None = None  # simulated GPUs a host shows (None: one a rank, devices_per_host)
     error_file: str | None = None  # the rank's stderr apart from its stdout (torchrun's --redirects/--tee)
@@ -143,7 +143,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         return
     measure = None
     if spec.coverage_file:
-        from ..torch_coverage import start_in_rank
+        from .coverage import start_in_rank
 
         measure = start_in_rank(spec.coverage_file)
     send = sender(conn)

@@ -7,7 +7,7 @@ process on 2 cores.
 
 The ranks live in a child process, not in the controller: the threaded group waits without a timeout, and a
 thread cannot be killed, so a hung plan ends by killing the host and starting a fresh one, as a hung rank
-process does on the process tier. Messages from the host carry their rank (meshsim.wire.FromRank); progress,
+process does on the process tier. Messages from the host carry their rank (meshsim.core.wire.FromRank); progress,
 deadlines, stacks and the diagnosis are the process tier's, per thread.
 """
 
@@ -24,13 +24,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import deadlines
-from ..errors import ClusterError
-from ..record import RankState, RunRecord, RunStatus
-from ..spec.platform import CPU
-from ..spec.tiers import TIERS, TierError
-from ..spec.topology import Topology
-from ..wire import (
+from ..core import deadlines
+from ..core.errors import ClusterError
+from ..core.record import RankState, RunRecord, RunStatus
+from ..core.wire import (
     PROGRESS,
     STUCK,
     Batch,
@@ -48,6 +45,9 @@ from ..wire import (
     dispatch,
     encoded,
 )
+from ..spec.platform import CPU
+from ..spec.tiers import TIERS, TierError
+from ..spec.topology import Topology
 from .follow import Hosted, absorb, follow
 from .generation import Generation
 from .interpreter import Interpreter
@@ -171,7 +171,7 @@ def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queu
 
     import torch.distributed as dist
 
-    from ..deadlines import torch_wait
+    from ..core.deadlines import torch_wait
     from .progress import bind_thread
     from .rank import RankSession
 

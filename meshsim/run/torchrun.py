@@ -23,11 +23,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from .. import deadlines
-from ..record import RankState, RunRecord
+from ..core import deadlines
+from ..core.record import RankState, RunRecord
+from ..core.wire import STUCK, CallBegun, RunPlan
 from ..spec.platform import platform_for
 from ..spec.tiers import Capabilities, TierError
-from ..wire import STUCK, CallBegun, RunPlan
 from .generation import WARM_MODULES
 from .process import resolve_backend
 from .rank import RankSession

@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TypeGuard, cast
 
-from ..deadlines import MAX_S
-from ..errors import InputError
+from ..core.deadlines import MAX_S
+from ..core.errors import InputError
 
 
 class PlanError(InputError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 @dataclass(frozen=True)

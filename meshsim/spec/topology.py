@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 MAX_WORLD = 1 << 20  # the model tier's reach; each executor has its own, smaller limit
 

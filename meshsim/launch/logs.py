@@ -19,8 +19,8 @@ import os
 import tempfile
 from typing import Any, TextIO
 
-from .launch_options import LaunchOptions, logs_specs_class, streams
-from .spec.topology import Topology
+from ..spec.topology import Topology
+from .options import LaunchOptions, logs_specs_class, streams
 
 CONSOLE = ""  # torchrun's LogsDest value for "the console" (its SYS_STREAM)
 

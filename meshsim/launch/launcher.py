@@ -15,14 +15,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from . import deadlines
-from .judge.verdict import Failed, Verdict, judge
-from .launch_logs import RankLogs
-from .launch_options import LaunchError, LaunchOptions, request_of
-from .outcome import CRASH, ERROR
-from .spec.tiers import TIERS
-from .spec.topology import Topology
-from .wire import RunScript, ScriptHost
+from ..core import deadlines
+from ..core.outcome import CRASH, ERROR
+from ..core.wire import RunScript, ScriptHost
+from ..judge.verdict import Failed, Verdict, judge
+from ..spec.tiers import TIERS
+from ..spec.topology import Topology
+from .logs import RankLogs
+from .options import LaunchError, LaunchOptions, request_of
 
 LaunchResult = Verdict  # the names 0.2 had
 LaunchFailed = Failed
@@ -59,10 +59,10 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     stream: where rank output goes live, each line prefixed "[rankN]:" (None: nowhere); errors: where the ranks'
     stderr goes where it is kept apart (--redirects/--tee; default: stream); log_dir: a file a rank, and
     torchrun's layout a host; simulate_gpus: None = when the machine has fewer GPUs than the hosts have;
-    notify: told of each restart; options: meshsim.launch_options.LaunchOptions (max_restarts, host_dirs,
+    notify: told of each restart; options: meshsim.launch.options.LaunchOptions (max_restarts, host_dirs,
     gpus_per_host, run_id, role, redirects, tee, local_ranks_filter, ...). Each attempt has `deadline` seconds.
     """
-    from .run.process import ProcessExecutor
+    from ..run.process import ProcessExecutor
 
     settings = LaunchOptions(**options)
     target = checked(script, module, topology)
@@ -97,7 +97,7 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     if logs.torchrun_dir is not None and log_dir is None:
         verdict.record.notes.append(f"torchrun's log files (--redirects/--tee, error.json) are in {logs.torchrun_dir}")
     if log_dir is not None and verdict.diagnosis is not None:
-        from .report import save_picture
+        from ..judge.report import save_picture
 
         save_picture(verdict, log_dir)
     return verdict
@@ -157,7 +157,7 @@ def _run_id(topology: Topology) -> str:
 
 def restart_reason(verdict: Verdict) -> str:
     """Why an attempt failed, in one line: its first failure's ranks and error."""
-    from .report import failure_lines
+    from ..judge.report import failure_lines
 
     lines = failure_lines(verdict)
     return lines[0] if lines else verdict.outcome
@@ -171,7 +171,7 @@ def _gpus() -> int:
 
 def main(args: Any) -> int:
     """The CLI: exit 0 when every rank exits 0, 1 for a failed rank or a hang, 2 for bad usage."""
-    from .report import make_console, render_verdict
+    from ..judge.report import make_console, render_verdict
 
     request = request_of(args)
     console = make_console(stderr=True)

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import findings as F
-from .model import to_json
-from .outcome import CRASH, ERROR, HANG, MISMATCH, PASS
-from .ranks import group_text, ranks_text
+from ..core.outcome import CRASH, ERROR, HANG, MISMATCH, PASS
+from ..core.ranks import group_text, ranks_text
+from ..model import findings as F
+from ..model import to_json
 
 MAX_ROWS = 6
 LOG_WIDTH = 140  # when not writing to a terminal (CI logs, pipes), do not wrap tables at 80 columns
@@ -39,7 +39,7 @@ SHOW_AFTER_S = 3.0  # a run longer than this shows how far its ranks are
 
 
 class RunWatch:
-    """A run's progress on a rich Progress (meshsim.record.RunStatus, from the executor's `watch`): after
+    """A run's progress on a rich Progress (meshsim.core.record.RunStatus, from the executor's `watch`): after
     SHOW_AFTER_S, a bar of the ranks whose part has ended; when the ranks have been quiet for a while, a line saying
     what they wait for (at most every QUIET_S). `fields`: the Progress's other columns' fields."""
 
@@ -49,7 +49,7 @@ class RunWatch:
         self.said = 0.0  # the run's time when it last said what it waits for
 
     def __call__(self, status: Any) -> None:
-        from .deadlines import QUIET_S
+        from ..core.deadlines import QUIET_S
 
         if status.ended >= status.total or status.elapsed < SHOW_AFTER_S:
             if self.task is not None:
@@ -168,7 +168,7 @@ def _head(verdict: Any, console: Console, title: str) -> None:
                                 (f"[{verdict.elapsed:.2f} s]", "dim")))
 
 
-def render_output(states: list, console: Console) -> None:
+def render_output(states: list[Any], console: Console) -> None:
     """What the ranks printed, each line prefixed with its rank (shown with every failure)."""
     text = "".join(f"[rank{s.rank}]: {line}\n" for s in states for line in s.output.splitlines())
     if text.strip():
@@ -191,7 +191,7 @@ def _function_errors(verdict: Any, console: Console) -> None:
                       style="dim", markup=False, highlight=False)
 
 
-def _grouped_errors(results: list) -> list[tuple[str, str]]:
+def _grouped_errors(results: list[Any]) -> list[tuple[str, str]]:
     groups: dict[str, list[int]] = {}
     for r in results:
         if not r.ok and r.error is not None:
@@ -257,7 +257,7 @@ def _ranks_said(ranks: list[int]) -> str:
 def _silent_failures(verdict: Any, with_ranks: bool = False) -> list[Any]:
     """Ranks that failed without an exception: a non-zero exit code of their choosing (sys.exit's message with
     it), or death by a signal. Exits that differ only in numbers (a rank in sys.exit's message) are one."""
-    from .wire import DIED, RAISED
+    from ..core.wire import DIED, RAISED
 
     ends: dict[str, tuple[list[int], str]] = {}
     for state, code in zip(verdict.record.states, verdict.exit_codes):
@@ -338,7 +338,7 @@ def _from_script_on(text: str, script: str) -> str:
     return "\n".join(lines[:1] + lines[first:])
 
 
-def group_map(record: Any, topology: Any) -> tuple[list[tuple], list[str]]:
+def group_map(record: Any, topology: Any) -> tuple[list[tuple[Any, ...]], list[str]]:
     """Every process group the run made: (name, ranks, hosts, what made it); and ranks left out of a kind."""
     groups: dict[str, tuple[tuple[int, ...], str]] = {}
     for state in record.states:
@@ -368,8 +368,8 @@ MAX_DRAWN = 16  # hosts, and ranks a host, drawn before the picture says "..."
 def rank_states(verdict: Any, ranks: Any = None) -> dict[int, str]:
     """What the picture shows of each rank (of `ranks`, default every one): culprit, waiting, finished, dead,
     raised, or running (outside any call at the end)."""
-    from .judge.blame import blocked_call
-    from .wire import DIED, FINISHED, RAISED
+    from ..core.wire import DIED, FINISHED, RAISED
+    from .blame import blocked_call
 
     culprits = set(verdict.culprits)
     states = verdict.record.states
@@ -394,7 +394,7 @@ def rank_states(verdict: Any, ranks: Any = None) -> dict[int, str]:
 def render_picture(verdict: Any, console: Console) -> None:
     """The ranks as a grid, a row a host, each coloured by its state; the group the headline wait is on (where a
     culprit is missing) is outlined with brackets."""
-    from .judge.diagnose import headline_wait
+    from .diagnose import headline_wait
 
     topology, diagnosis = verdict.topology, verdict.diagnosis
     d = topology.devices_per_host
@@ -447,7 +447,7 @@ def render_groups(verdict: Any, console: Console) -> None:
         console.print(f"  {note}", style="yellow", markup=False, highlight=False)
 
 
-def render_differences(differences: list, console: Console) -> None:
+def render_differences(differences: list[Any], console: Console) -> None:
     table = Table(title="Differences from the model", title_justify="left", show_lines=False)
     for col in ("step", "op", "handle", "where", "ranks", "expected", "observed"):
         table.add_column(col, overflow="fold")
@@ -465,7 +465,7 @@ def render_differences(differences: list, console: Console) -> None:
         console.print(f"   … {total - shown} more rows (use --json for all)", style="dim")
 
 
-def render_findings(hits: dict, console: Console) -> None:
+def render_findings(hits: dict[str, Any], console: Console) -> None:
     for fid, hit in hits.items():
         finding = F.get(fid)
         where = "; ".join(hit.where[:3]) + (" …" if len(hit.where) > 3 else "")
@@ -499,78 +499,3 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
         for ranks, text in diagnosis.stacks:
             console.print(f"  Python stack of ranks {ranks_text(ranks)}:", style="bold")
             console.print("    " + text.replace("\n", "\n    "), style="dim", markup=False, highlight=False)
-
-
-def render_draws(report: Any, console: Console, full: bool = False) -> None:
-    """How often each operation, and each pair of consecutive operations, was drawn."""
-    if not report.ops:
-        return
-    console.print("ops drawn: " + ", ".join(f"{op} {n}" for op, n in report.ops.most_common()), markup=False,
-                  highlight=False)
-    console.print(f"{len(report.pairs)} distinct consecutive pairs drawn", highlight=False)
-    if not full:
-        return
-    table = Table(title="consecutive pairs drawn (rarest last)", title_justify="left")
-    for column in ("first", "then", "times"):
-        table.add_column(column)
-    for (first, then), n in report.pairs.most_common():
-        table.add_row(first, then, str(n))
-    console.print(table)
-
-
-def render_produced(produced: Any, console: Console, complete: bool = True) -> None:
-    """What the sweep produced and then checked: derived meshes by kind, the redistribute transform matrix (source
-    placement by position and target), and the conditions the transforms ran under; what never was, in red."""
-    from .produced import CONDITIONS, MESH_KINDS, POSITIONS, SOURCES, TARGETS
-
-    def count(n: int) -> str:
-        return f"[bold red]{n}[/]" if not n else str(n)
-
-    kinds = list(dict.fromkeys(MESH_KINDS.values()))
-    console.print("derived meshes produced and checked: "
-                  + ", ".join(f"{k} {count(produced.meshes[k])}" for k in kinds), highlight=False)
-    table = Table(title="redistribute transforms produced and checked (moves on mesh dims of size > 1)",
-                  title_justify="left")
-    table.add_column("from")
-    for position in POSITIONS:
-        for target in TARGETS:
-            table.add_column(f"{position} -> {target}", justify="right")
-    for source in SOURCES:
-        row = [source]
-        for position in POSITIONS:
-            for target in TARGETS:
-                row.append("-" if (source, target) == ("R", "R") else count(produced.cells[(position, source,
-                                                                                             target)]))
-        table.add_row(*row)
-    console.print(table)
-    console.print("transforms ran under: " + ", ".join(f"{c} {count(produced.conditions[c])}" for c in CONDITIONS),
-                  highlight=False)
-    missing = produced.missing()
-    if complete and any(missing.values()):  # a sweep stopped by a disagreement has not had its chance
-        never = [*missing["meshes"], *(" ".join(c) for c in missing["cells"]), *missing["conditions"]]
-        console.print(f"[bold red]never produced and checked:[/] {', '.join(never)}", highlight=False)
-
-
-def render_reach(reach: Any, console: Console) -> None:
-    """Coverage of torch's DeviceMesh code, and where it was never reached."""
-    table = Table(title="torch's DeviceMesh and DTensor code reached (excluding the reviewed CPU-unreachable code)",
-                  title_justify="left")
-    for column in ("file", "lines", "branches", "lines never run", "branches never taken (from->to)"):
-        table.add_column(column)
-    for f in reach.files:
-        table.add_row(f.path, f"{f.line_percent:.1f}%", f"{f.branch_percent:.1f}%",
-                      _ranges(f.missing_lines), ", ".join(f"{a}->{b}" for a, b in f.missing_branches))
-    console.print(table)
-    console.print(f"branches reached: {reach.branch_percent:.1f}% of the reachable branches of these files "
-                  f"({len(reach.reasons)} reviewed exclusions, see meshsim/data/coverage-exclusions.toml)",
-                  highlight=False)
-
-
-def _ranges(lines: list[int]) -> str:
-    out: list[str] = []
-    for line in lines:
-        if out and out[-1].split("-")[-1] == str(line - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{line}"
-        else:
-            out.append(str(line))
-    return ", ".join(out)

@@ -15,15 +15,15 @@ from typing import Any
 from hypothesis import event
 from hypothesis import strategies as st
 
-from .model import dtensor as D
-from .model.mesh import MeshModel
-from .ops import OPERATIONS, of_role, rarely
-from .ops.dtensor import redistribute_targets, usable
-from .ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
-from .predict import RankRun, observe_step
-from .spec.placements import placement_text
-from .spec.plan import Plan, Step, step
-from .spec.topology import Topology
+from ..model import dtensor as D
+from ..model.mesh import MeshModel
+from ..model.predict import RankRun, observe_step
+from ..ops import OPERATIONS, of_role, rarely
+from ..ops.dtensor import redistribute_targets, usable
+from ..ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
+from ..spec.placements import placement_text
+from ..spec.plan import Plan, Step, step
+from ..spec.topology import Topology
 
 
 def topologies(max_world: int = 16, max_hosts: int = 4, max_devices: int = 8) -> st.SearchStrategy[Topology]:
@@ -118,7 +118,7 @@ def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
                 b.add(step("check", mesh=made.out))
     if "dtensor" in enabled and b.meshes() and rarely(draw, 3):
         # a cell of the redistribute matrix, drawn directly (a random walk reaches few; drawn last, where shrinking
-        # drops it first): a sweep produces and checks every cell, under every condition (meshsim.produced)
+        # drops it first): a sweep produces and checks every cell, under every condition (meshsim.sweep.produced)
         handle, mesh = b.meshes()[0]
         draw(_transform_cells(b, handle, mesh, allow_errors))
     checked = {s.args.get("mesh") for s in b.steps if s.op == "check"}
@@ -218,7 +218,7 @@ HAND_MADE_GROUPS = 64
 @st.composite
 def _from_hand_made_groups(draw: Any, b: _Builder, handle: str, mesh: MeshModel, allow_errors: bool) -> None:
     """new_group for every group along some dims of a mesh, then DeviceMesh.from_group over those handles."""
-    from .model import layout as L
+    from ..model import layout as L
 
     if mesh.root is not None or isinstance(mesh.view, Exception) or not mesh.ndim or mesh.coordinate is None:
         return
@@ -343,7 +343,7 @@ def _partial_on_equal_dims(draw: Any, b: _Builder, handle: str, mesh: MeshModel,
 
 
 # --------------------------------------------------------------------------------------------- the redistribute matrix
-# Each cell of meshsim.produced's matrix (where on the mesh, from which placement, to which) is drawn directly: a
+# Each cell of meshsim.sweep.produced's matrix (where on the mesh, from which placement, to which) is drawn directly: a
 # random walk reaches a Partial(min) -> Shard move on a mesh's outer dim once in thousands of plans.
 
 
@@ -556,7 +556,7 @@ def _matrix_steps(shape: list[int], d: int, kind: str) -> list[Step]:
 
 
 def _conditions(shape: list[int]) -> list[Step]:
-    """Redistributes under the conditions meshsim.produced counts: merged onto a flattened root, nested and
+    """Redistributes under the conditions meshsim.sweep.produced counts: merged onto a flattened root, nested and
     uneven shards, on a derived mesh with a size-1 dim, and the root derived again afterwards."""
     a, b = shape
     return [step("init_device_mesh", shape=[a, 1, b], names=["a", "one", "b"], out="m"),

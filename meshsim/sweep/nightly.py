@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .outcome import PASS
-from .scenario import Scenario, load
+from ..core.outcome import PASS
+from ..scenario.files import Scenario, load
 
 
 @dataclass
@@ -101,8 +101,8 @@ def passing_scenarios(directory: str | Path, world: int | None = None) -> list[S
 
 
 def scenario_item(scenario: Scenario, result: Any) -> Item:
-    from .scenario import judge_scenario
-    from .testing import render_text
+    from ..scenario.files import judge_scenario
+    from .properties import render_text
 
     run = judge_scenario(scenario, result)
     detail = "; ".join(run.problems) if run.problems else f"{result.outcome}"
@@ -115,7 +115,7 @@ def scenario_item(scenario: Scenario, result: Any) -> Item:
 
 
 def fuzz_item(report: Any, seed: int) -> Item:
-    from .testing import render_text
+    from .properties import render_text
 
     name = f"fuzz seed {seed} ({report.examples} plans)"
     if report.passed:
@@ -151,14 +151,14 @@ def check_scenarios_dir(path: str) -> None:
 
 def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: int, seed: int, deadline: float,
               save_dir: str, with_examples: bool = True, setup: Any = None) -> NightlyReport:
-    from .cluster import Cluster
-    from .fuzz import fuzz
+    from ..cluster import Cluster
+    from .loop import fuzz
 
     scenarios, missing = suite_scenarios(scenarios_dir, topology.world)
     with Cluster(topology, backend=backend, deadline=deadline, setup=setup) as cluster:
         report = NightlyReport(str(topology), cluster.backend, seed)
         report.items.extend([missing] if missing else [])
-        from .report import progress_bar
+        from ..judge.report import progress_bar
 
         with progress_bar("nightly scenarios", len(scenarios), disable=not scenarios) as step:
             for scenario in scenarios:
@@ -175,7 +175,7 @@ def run_local(topology: Any, backend: str, scenarios_dir: str | None, examples: 
             report.items.append(skipped("example", "the recipe's examples are written for a 2x4 gloo cluster; "
                                                    f"this one is {topology} {cluster.backend}"))
         else:
-            from .examples import run_examples
+            from ..examples import run_examples
 
             for ex in run_examples(cluster):
                 report.items.append(Item("example", ex.name, ex.passed, ex.seconds, ex.detail, ex.facts))
@@ -243,10 +243,10 @@ def run_torchrun(args: Any) -> int:
     import signal
     import warnings
 
-    from .check import check
-    from .report import make_console
-    from .run.torchrun import TorchrunExecutor
-    from .spec.plan import Plan
+    from ..check import check
+    from ..judge.report import make_console
+    from ..run.torchrun import TorchrunExecutor
+    from ..spec.plan import Plan
 
     # torchrun stops the other ranks with SIGTERM when one fails; a rank stuck in a C++ wait never returns
     # to Python to run a handler, so let the default action end it at once.
@@ -316,7 +316,7 @@ def _suite(args: Any, world: int, device: str) -> list[Case]:
 
 
 def _result_item(suite: str, name: str, result: Any) -> Item:
-    from .testing import render_text
+    from .properties import render_text
 
     detail = result.outcome if result.passed else render_text(result)
     return Item(suite, name, result.passed, result.record.elapsed, detail,
@@ -327,9 +327,9 @@ def _result_item(suite: str, name: str, result: Any) -> Item:
 def hang_report(executor: Any, args: Any, report: Any, case: Case, work: Any, record: Any) -> None:
     """A plan under torchrun ran past its deadline: judge it as any run is judged, print it, and write the report
     so far (every rank exits after this)."""
-    from .check import prediction_for
-    from .judge.verdict import judge
-    from .report import make_console, render_verdict
+    from ..check import prediction_for
+    from ..judge.report import make_console, render_verdict
+    from ..judge.verdict import judge
 
     prediction = prediction_for(work.plan, executor.world, work.deadline, executor.platform)
     verdict = judge(record, "plan", work.plan, prediction)

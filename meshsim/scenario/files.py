@@ -9,13 +9,13 @@ from typing import Any
 
 import tomli_w
 
-from . import deadlines
-from .errors import InputError
-from .judge.diagnose import KINDS
-from .ops import validate
-from .outcome import OUTCOMES, PASS
-from .spec.plan import Plan, PlanError
-from .spec.topology import Topology, TopologyError
+from ..core import deadlines
+from ..core.errors import InputError
+from ..core.outcome import OUTCOMES, PASS
+from ..judge.diagnose import KINDS
+from ..ops import validate
+from ..spec.plan import Plan, PlanError
+from ..spec.topology import Topology, TopologyError
 
 DEFAULT_DEADLINE = deadlines.SCENARIO_S
 MAX_FILE_BYTES = 1 << 20  # a scenario is a page of TOML, not a data file
@@ -136,7 +136,7 @@ def _expect(raw: Any, world: int) -> Expect:
                                 f"got {culprits!r}")
         culprits = tuple(sorted(culprits))
     findings = raw.get("findings", [])
-    from . import findings as F
+    from ..model import findings as F
 
     if not isinstance(findings, list) or not all(isinstance(f, str) for f in findings):
         raise ScenarioError(f"[expect] findings must be a list of finding ids, got {findings!r}")
@@ -199,8 +199,8 @@ def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:
     """Steps that raise on some rank although the file does not say it means them to (expect_error): in a
     hand-written scenario that is most often a typo (a misspelt dim name, a handle), and it explains why the run
     ended otherwise than expected."""
-    from .ops import operation_of
-    from .ranks import ranks_text
+    from ..core.ranks import ranks_text
+    from ..ops import operation_of
 
     prediction = result.prediction
     if prediction is None or prediction.model_error is not None:
@@ -218,9 +218,9 @@ def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:
 def raising_steps(plan: Any, prediction: Any, world: int) -> dict[int, tuple[str, list[int]]]:
     """The steps the model says raise, as torch and as is right alike (a Quirk's error is its finding's): the
     first error of each, and the ranks it raises on."""
-    from .model import torch_side
-    from .model.expect import Quirk
-    from .wire import is_error
+    from ..core.wire import is_error
+    from ..model import torch_side
+    from ..model.expect import Quirk
 
     out: dict[int, tuple[str, list[int]]] = {}
     for index in range(len(plan.steps)):
@@ -238,6 +238,6 @@ def raising_steps(plan: Any, prediction: Any, world: int) -> dict[int, tuple[str
 
 
 def _as_json(value: Any) -> Any:
-    from .model import to_json
+    from ..model import to_json
 
     return to_json(value)

@@ -2,7 +2,7 @@
 
 Every executor (process, thread, fake, model, torchrun), every kind of work (a plan, a user function, a script)
 and a replayed incident end in a RunRecord; meshsim.judge judges it with one rule. A RankState is built from the
-rank's live progress messages (meshsim.wire), so a rank stuck inside C++ is located too: the call it waits in,
+rank's live progress messages (meshsim.core.wire), so a rank stuck inside C++ is located too: the call it waits in,
 and for every group, the sequence of calls it issued there.
 """
 
@@ -58,7 +58,7 @@ class RankState:
     failure: str = ""  # what that call raised
     done: bool = False  # sent its result
     observations: list[Any] | None = None
-    end: str | None = None  # FINISHED | RAISED | DIED | STUCK (meshsim.wire)
+    end: str | None = None  # FINISHED | RAISED | DIED | STUCK (meshsim.core.wire)
     end_step: int | None = None
     exitcode: int | None = None
     output: str = ""  # what the rank printed (stdout and stderr) during this run
@@ -71,7 +71,7 @@ class RankState:
             FunctionBegun: self._function, Batch: self._batch, CallDone: self._done}
 
     def on_event(self, event: Any) -> None:
-        """Follow one progress message (meshsim.wire); any other kind is refused."""
+        """Follow one progress message (meshsim.core.wire); any other kind is refused."""
         dispatch(event, self._handlers)
 
     def _step(self, event: StepBegun) -> None:
@@ -172,7 +172,7 @@ class RunStatus(NamedTuple):
     total: int
     elapsed: float  # seconds since the run began
     quiet: float  # seconds since the ranks last said anything
-    waiting: str  # after a quiet while (meshsim.deadlines.QUIET_S): where the unfinished ranks are, in words
+    waiting: str  # after a quiet while (meshsim.core.deadlines.QUIET_S): where the unfinished ranks are, in words
 
 
 @dataclass
@@ -188,7 +188,7 @@ class RunRecord:
     moves_data: bool = True  # False on the fake tier: collectives return nothing to check
     notes: list[str] = field(default_factory=list)  # what this tier could not check, in words
     stopped: str = "finished"  # what ended the run (STOPPED)
-    # meshsim.classes.RankClasses where the model tier answered by class: states is then a ClassView (states[r] is
+    # meshsim.model.classes.RankClasses where the model tier answered by class: states is then a ClassView (states[r] is
     # the state of r's class; iterating gives one state per class, its representative's)
     classes: Any = None
 

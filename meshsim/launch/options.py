@@ -26,9 +26,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import deadlines
-from .errors import InputError
-from .spec.topology import Topology
+from ..core import deadlines
+from ..core.errors import InputError
+from ..spec.topology import Topology
 
 GPUS_PER_HOST = 8  # `--nproc-per-node gpu` without --devices-per-host: the GPUs of a common server (HGX, DGX)
 

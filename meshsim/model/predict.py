@@ -13,17 +13,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .judge.blame import blame
-from .model import layout as L
-from .model.dtensor import DTensorModel, forget_sims
-from .model.expect import Err, Grid, ModelRaise, Quirk
-from .model.mesh import Call, Group, MeshModel, RankModel, summary
-from .ops import operation_of
-from .outcome import ERROR, PASS, UNDEFINED, outcome_of
-from .record import RankState, RunRecord
-from .spec.plan import Plan, Step
-from .spec.platform import CPU, Platform
-from .wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED, STUCK, CallBegun
+from ..core.outcome import ERROR, PASS, UNDEFINED, outcome_of
+from ..core.record import RankState, RunRecord
+from ..core.wire import DIED, FINISHED, RUN_CHECK_CALL, SKIPPED, STUCK, CallBegun
+from ..judge.blame import blame
+from ..ops import operation_of
+from ..spec.plan import Plan, Step
+from ..spec.platform import CPU, Platform
+from . import layout as L
+from .dtensor import DTensorModel, forget_sims
+from .expect import Err, Grid, ModelRaise, Quirk
+from .mesh import Call, Group, MeshModel, RankModel, summary
 
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
@@ -36,7 +36,7 @@ class RankPrediction:
     end: str = FINISHED  # FINISHED | RAISED | DIED
     end_step: int | None = None
     calls: list[Call] = field(default_factory=list)
-    meshes: list[tuple] = field(default_factory=list)  # what torch's progress reports as MeshBuilt
+    meshes: list[tuple[Any, ...]] = field(default_factory=list)  # what torch's progress reports as MeshBuilt
     slept: float = 0.0
 
 
@@ -62,7 +62,7 @@ class Prediction:
     model_error_step: int | None = None  # ... at this step
     late: list[int] = field(default_factory=list)  # ranks still sleeping at the deadline (stragglers)
     collided: list[int] = field(default_factory=list)  # ranks that made groups under one name (group-name-collision)
-    classes: Any = None  # meshsim.classes.RankClasses when predicted by class: ranks is then a ClassView
+    classes: Any = None  # meshsim.model.classes.RankClasses when predicted by class: ranks is then a ClassView
     notes: list[str] = field(default_factory=list)  # how it was predicted, where that is worth saying
 
     def expected(self, rank: int, step: int) -> Any:
@@ -87,7 +87,7 @@ class Prediction:
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU,
             by_class: bool = False) -> Prediction:
     """`platform`: the ranks' default device type, and whether they can set a CUDA device. `by_class`: answer
-    each class of ranks that run the plan alike once (meshsim.classes; the model tier at scale): the prediction's
+    each class of ranks that run the plan alike once (meshsim.model.classes; the model tier at scale): the prediction's
     ranks are then a ClassView, and every rank's observations are its representative's."""
     L.forget_shared()
     forget_sims()
@@ -146,7 +146,7 @@ def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: 
 
 def _simulate_by_class(classes: Any, runs: dict[int, RankRun]
                        ) -> tuple[list[Stuck], list[tuple[Call, tuple[int, ...]]]]:
-    """simulate() played by classes (meshsim.classes.class_calls), answered in ranks: the stuck representatives in
+    """simulate() played by classes (meshsim.model.classes.class_calls), answered in ranks: the stuck representatives in
     their own calls, missing the ranks of their group whose classes are not there; mismatched calls with the
     ranks of the classes that passed other sizes."""
     from .classes import class_calls, concrete, ranks_missing
@@ -272,7 +272,7 @@ def predict_rank(plan: Plan, world: int, rank: int, platform: Platform = CPU) ->
 def collision_ranks(preds: list[RankPrediction], step: int) -> list[int]:
     """The ranks that made, at `step`, a group under a name other ranks gave a different group: where the crossed
     groups leave the run is a race, so a hang is theirs, whichever ranks happen to wait."""
-    made: dict[Any, dict[tuple, set[int]]] = {}
+    made: dict[Any, dict[tuple[Any, ...], set[int]]] = {}
     for pred in preds:
         for call in pred.calls:
             if call.kind == "create" and call.step == step:
@@ -283,7 +283,7 @@ def collision_ranks(preds: list[RankPrediction], step: int) -> list[int]:
 
 def name_collision(preds: list[RankPrediction]) -> int | None:
     """The first step at which ranks create different groups under the same name, if any."""
-    seen: dict[Any, tuple[tuple, int]] = {}
+    seen: dict[Any, tuple[tuple[Any, ...], int]] = {}
     first: int | None = None
     for pred in preds:
         for call in pred.calls:
@@ -311,7 +311,7 @@ class RankRun:
         self.index = -1
         self.step: Step | None = None  # the step being observed
 
-    def args_of(self, rank: int, own: dict) -> dict:
+    def args_of(self, rank: int, own: dict[str, Any]) -> dict[str, Any]:
         """The current step's arguments as `rank` gets them (its on_rank overrides): every rank simulates what
         each member passes to DTensor. `own`: this rank's, the answer when no step is being observed."""
         return self.step.args_for(rank) if self.step is not None else own
@@ -356,7 +356,7 @@ def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> Ra
     return run
 
 
-def observe_step(run: RankRun, st: Step, args: dict, index: int) -> Any:
+def observe_step(run: RankRun, st: Step, args: dict[str, Any], index: int) -> Any:
     """What this rank observes at one step: the op's model step, with torch's errors as values."""
     run.index = run.model.step = index
     run.step = st
@@ -408,7 +408,7 @@ def simulate(preds: list[RankPrediction]) -> tuple[list[Stuck], list[tuple[Call,
     """
     pos = [0] * len(preds)
     mismatched: list[tuple[Call, tuple[int, ...]]] = []
-    waiting: dict[tuple, list[int]] = {}
+    waiting: dict[tuple[Any, ...], list[int]] = {}
     ready = list(range(len(preds)))
     while ready:
         rank = ready.pop()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .judge.verdict import Failed, Verdict
-from .report import verdict_text
+from ..judge.report import verdict_text
+from ..judge.verdict import Failed, Verdict
 
 Disagreement = Failed  # torch did not do what the model says (the message is the full report)
 
@@ -23,7 +23,7 @@ def assert_agrees(cluster: Any, plan: Any, deadline: float | None = None, strict
 
 def check_property(cluster: Any, strategy: Any = None, max_examples: int = 50, deadline: float | None = None,
                    strict: bool = False, **settings_kwargs: Any) -> None:
-    """For plans drawn from `strategy` (default: meshsim.strategies.plans), torch agrees with the model.
+    """For plans drawn from `strategy` (default: meshsim.sweep.strategies.plans), torch agrees with the model.
 
     Failures shrink to a minimal plan, which the raised error shows in full.
     """

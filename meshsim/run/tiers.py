@@ -7,10 +7,10 @@
 
 All four take the same plans and give one verdict through meshsim.check.
 
-The model tier lives here, not in meshsim.run, because it is made of the model (meshsim.run never imports it).
-It answers what the model predicts every rank observes, as if torch had done it: where torch is known to differ
-from what is right (a Quirk), torch's side is what the record shows, so the verdict reports the same findings as a
-real run would; a predicted hang shows as the stuck ranks, in the call the model says they wait in, so the
+The model tier is made of the model's prediction, which meshsim.check hands it as `meanwhile` (meshsim.run never
+imports the model). It answers what the model predicts every rank observes, as if torch had done it: where torch is
+known to differ from what is right (a Quirk), torch's side is what the record shows, so the verdict reports the same
+findings as a real run would; a predicted hang shows as the stuck ranks, in the call the model says they wait in, so the
 diagnosis names them as on a real run. It checks nothing about torch; the report says so.
 """
 
@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import deadlines
-from .record import RunRecord
-from .spec.platform import CPU
-from .spec.tiers import TIERS, TierError, capabilities
-from .spec.topology import Topology
-from .wire import RunPlan
+from ..core import deadlines
+from ..core.record import RunRecord
+from ..core.wire import RunPlan
+from ..spec.platform import CPU
+from ..spec.tiers import TIERS, TierError, capabilities
+from ..spec.topology import Topology
 
 __all__ = ["TIERS", "TierError", "open_executor", "ModelExecutor"]
 
@@ -34,7 +34,7 @@ def open_executor(topology: Topology, tier: str = "process", deadline: float | N
                   ranks: int | None = None, **options: Any) -> Any:
     """An executor of `tier` for `topology` (not started: use it in a `with` block).
 
-    `deadline` bounds each run (None: the tier's default for the world, meshsim.deadlines.plan); `ranks` samples
+    `deadline` bounds each run (None: the tier's default for the world, meshsim.core.deadlines.plan); `ranks` samples
     that many ranks on the fake tier (every host's first and last rank, then a seeded spread); `options` go to the
     process tier (backend, setup, start_timeout, ...). What a tier does not take is refused here, in one line,
     before anything starts.
@@ -42,7 +42,7 @@ def open_executor(topology: Topology, tier: str = "process", deadline: float | N
     caps = capabilities(tier)
     watch = options.pop("watch", None)
     executor = _executor(topology, tier, caps, deadline, ranks, options)
-    executor.watch = watch  # told how far each run is (meshsim.record.RunStatus): a progress bar
+    executor.watch = watch  # told how far each run is (meshsim.core.record.RunStatus): a progress bar
     return executor
 
 
@@ -59,18 +59,18 @@ def _executor(topology: Topology, tier: str, caps: Any, deadline: float | None, 
     if options.get("setup") is not None and not caps.setup:
         raise TierError(f"the {tier} tier does not take a setup function (the process tier does)")
     if tier == "process":
-        from .run.process import ProcessExecutor
+        from .process import ProcessExecutor
 
         return ProcessExecutor(topology, deadline=deadline, start_timeout=start_timeout, **options)
     unsupported = sorted(k for k, v in options.items() if v not in (None, False) and k not in ("backend", "setup"))
     if unsupported:
         raise TierError(f"the {tier} tier does not take {', '.join(unsupported)} (the process tier does)")
     if tier == "thread":
-        from .run.threads import ThreadExecutor
+        from .threads import ThreadExecutor
 
         return ThreadExecutor(topology, deadline=deadline, start_timeout=start_timeout)
     if tier == "fake":
-        from .run.fake import FakeExecutor
+        from .fake import FakeExecutor
 
         return FakeExecutor(topology, deadline=deadline, start_timeout=start_timeout, ranks=ranks)
     return ModelExecutor(topology, deadline=deadline)
@@ -83,7 +83,7 @@ class ModelExecutor:
     capabilities = TIERS["model"]
     watch: Callable[[Any], None] | None = None  # (the model tier has no ranks to follow)
     platform = CPU  # no ranks: the model answers for a CPU cluster
-    by_class = True  # ranks that run a plan alike are answered once (meshsim.classes): a million ranks in seconds
+    by_class = True  # ranks that run a plan alike are answered once (meshsim.model.classes): a million ranks in seconds
 
     def __init__(self, topology: Topology, deadline: float | None = None):
         self.topology = topology
@@ -109,12 +109,10 @@ class ModelExecutor:
         """`meanwhile` (meshsim.check) returns the model's prediction: the record is made of it."""
         if not isinstance(work, RunPlan):
             raise TierError("the model tier runs plans only")
+        if meanwhile is None:
+            raise TierError("the model tier answers with the model's prediction: run it through meshsim.check")
         started = time.monotonic()
-        prediction = meanwhile() if meanwhile is not None else None
-        if prediction is None:
-            from .check import prediction_for
-
-            prediction = prediction_for(work.plan, self.world, work.deadline, self.platform, self.by_class)
+        prediction = meanwhile()
         record = prediction.as_record(work.deadline, self.tier, work.plan)
         record.elapsed = time.monotonic() - started
         record.notes.append("model tier: these are the model's own predictions; torch did not run")

@@ -7,57 +7,24 @@ placement_types.py, _collective_utils.py, _utils.py, _api.py) with the part of _
 every plan, so a rank killed for a hang keeps what it reached); the controller combines them. Code that a
 CPU/gloo cluster running the plan language cannot reach (CUDA device setup, NCCL's split_group, torch.compile
 and tracing, _StridedShard, the graph-based planner, ...) is excluded by the patterns in
-meshsim/data/coverage-exclusions.toml, each for the files it names and with the reason it was reviewed for, so
+meshsim/sweep/coverage-exclusions.toml, each for the files it names and with the reason it was reviewed for, so
 the percentage is of what a sweep here can reach.
 """
 
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
 
-EXCLUSIONS = os.path.join(os.path.dirname(__file__), "data", "coverage-exclusions.toml")
-DEVICE_MESH = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.py")
-DTENSOR = ("torch/distributed/tensor/_redistribute.py", "torch/distributed/tensor/placement_types.py",
-           "torch/distributed/tensor/_collective_utils.py", "torch/distributed/tensor/_utils.py",
-           "torch/distributed/tensor/_api.py", "torch/distributed/tensor/_ops/_math_ops.py")
-MODULES = DEVICE_MESH + DTENSOR
+from ..run.coverage import DEVICE_MESH, DTENSOR, MODULES, measure_import, start_in_rank, targets
 
-
-def targets() -> list[str]:
-    """The files, where this Python's torch has them (without importing torch)."""
-    spec = importlib.util.find_spec("torch")
-    base = os.path.dirname(list(spec.submodule_search_locations or [""])[0]) if spec else ""
-    return [os.path.join(base, module) for module in MODULES]
-
-
-def start_in_rank(data_file: str) -> Any:
-    """Begin measuring in a rank process; returns the Coverage object (save() it after each plan)."""
-    import coverage
-
-    cov = coverage.Coverage(data_file=data_file, data_suffix=True, branch=True, include=targets(),
-                            config_file=False)
-    cov.start()
-    return cov
-
-
-def measure_import(data_dir: str) -> None:
-    """The ranks import torch before measuring starts (the forkserver preloads it), so the modules' import-time
-    lines (imports, def and class statements) run unseen there; record them in a fresh process instead."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from meshsim.torch_coverage import start_in_rank; cov = start_in_rank(sys.argv[1]); "
-            "import torch.distributed.device_mesh, torch.distributed.tensor, torch.distributed.tensor._ops; "
-            "cov.stop(); cov.save()")
-    subprocess.run([sys.executable, "-c", code, os.path.join(data_dir, "rank")], check=True, timeout=300,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+EXCLUSIONS = os.path.join(os.path.dirname(__file__), "coverage-exclusions.toml")
+__all__ = ["DEVICE_MESH", "DTENSOR", "MODULES", "EXCLUSIONS", "Reach", "FileReach", "combine", "exclusions",
+           "measure_import", "start_in_rank", "targets"]
 
 
 def exclusions() -> list[dict]:

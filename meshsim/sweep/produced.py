@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec.placements import parse_placement
-from .wire import SKIPPED, is_error
+from ..core.wire import SKIPPED, is_error
+from ..spec.placements import parse_placement
 
 MESH_KINDS = {"slice": "slice", "flatten": "flatten", "unflatten": "unflatten", "concatenate": "concatenate",
               "from_group": "from_group", "all_submeshes": "submeshes"}
@@ -49,7 +49,7 @@ class Produced:
                 self._transforms(seen, index, st)
 
     def _transforms(self, seen: _Seen, index: int, st: Any) -> None:
-        from .model.dtensor import greedy_transforms
+        from ..model.dtensor import greedy_transforms
 
         source = seen.dtensor(st.args["tensor"], index)
         mesh_shape = seen.mesh_shape_of_dtensor(st.args["tensor"], index)

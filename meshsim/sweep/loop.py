@@ -15,18 +15,18 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
-from . import deadlines
-from .check import check, prediction_for
-from .errors import ClusterError
-from .model import torch_side
-from .outcome import HANG, PASS, UNDEFINED
+from ..check import check, prediction_for
+from ..core import deadlines
+from ..core.errors import ClusterError
+from ..core.outcome import HANG, PASS, UNDEFINED
+from ..model import torch_side
+from ..scenario.files import Expect, Scenario, raising_steps
+from ..spec.plan import Plan
+from ..spec.tiers import capabilities
+from ..spec.topology import Topology
 from .produced import Produced
-from .scenario import Expect, Scenario, raising_steps
-from .spec.plan import Plan
-from .spec.tiers import capabilities
-from .spec.topology import Topology
+from .properties import Disagreement
 from .strategies import divergent_plans, matrix_plans, plans
-from .testing import Disagreement
 
 
 @dataclass
@@ -44,7 +44,7 @@ class FuzzReport:
     ops: Counter = field(default_factory=Counter)  # how often each operation was drawn
     pairs: Counter = field(default_factory=Counter)  # ... and each pair of consecutive operations
     produced: Produced = field(default_factory=Produced)  # derived meshes and transforms produced, then checked
-    reach: Any = None  # meshsim.torch_coverage.Reach, when measured
+    reach: Any = None  # meshsim.sweep.coverage.Reach, when measured
     replayed_on: str | None = None  # the smaller world and tier that still shows the failure, if any
     shrinking: Any = None  # Shrinking, once fuzz runs
 
@@ -219,8 +219,8 @@ class _Sweep:
     def shrink_steps(self, failure: Any) -> Any:
         """A failing plan made smaller by dropping one step at a time while it still fails (a plan that no longer
         validates is skipped), within the shrink budget."""
-        from .ops import validate
-        from .spec.plan import Plan, PlanError
+        from ..ops import validate
+        from ..spec.plan import Plan, PlanError
 
         improved = True
         while improved and not self.shrink.exhausted():
@@ -295,9 +295,9 @@ def shrink_world(plan: Any, topology: Topology, deadline: float, strict: bool) -
     """A failure found on a large tier, tried on the smallest world that holds its plan (same devices per host),
     on the process tier when it fits there, else the thread tier. Returns (topology, result, words) when the
     failure still shows there, else None (the large world is then needed)."""
-    from .ops import validate
-    from .spec.plan import PlanError
-    from .tiers import open_executor
+    from ..ops import validate
+    from ..run.tiers import open_executor
+    from ..spec.plan import PlanError
 
     d = topology.devices_per_host
     for hosts in range(1, topology.hosts):

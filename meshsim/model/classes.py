@@ -1,6 +1,6 @@
 """Rank classes: the ranks of a world that the model answers alike, so a million ranks cost a few ranks' runs.
 
-The model tier predicts a world by class (meshsim.predict.predict(..., by_class=True)). Two ranks share a class
+The model tier predicts a world by class (meshsim.model.predict.predict(..., by_class=True)). Two ranks share a class
 when every question the model asks about a rank gets the same answer for both:
 - the plan's own divergence: whether each step runs on the rank, and which per-rank overrides it gets;
 - for every mesh over a rank map the plan names (init_device_mesh's ranks, an explicit layout): how many cells
@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .model import layout as L
-from .model.dtensor import DTensorModel, local_shapes
-from .model.expect import Err, Quirk
-from .model.mesh import WORLD_KEY, Call
-from .spec.plan import Plan
+from ..spec.plan import Plan
+from . import layout as L
+from .dtensor import DTensorModel, local_shapes
+from .expect import Err, Quirk
+from .mesh import WORLD_KEY, Call
 
 T = TypeVar("T")
 Labels = np.ndarray[Any, np.dtype[np.int64]]
@@ -174,7 +174,8 @@ def structure_feature(obj: Any, world: int) -> np.ndarray[Any, Any] | None:
     if isinstance(obj, L.Geometry):
         if not L.is_plan_map(obj.rank_map):
             return None  # a map made from another (a group, a rank's view): its geometry follows from that one
-        return np.minimum(obj.counts(world), 2)
+        counts: np.ndarray = np.minimum(obj.counts(world), 2)
+        return counts
     if isinstance(obj, DTensorModel):
         return _dtensor_feature(obj, world)
     if isinstance(obj, L.DimInfo):
@@ -243,7 +244,7 @@ def composition_feature(info: L.DimInfo, label: Labels) -> np.ndarray[Any, Any] 
 
 class Classifier:
     """Classes of a world for a plan, refined to a fixed point (see the module's docstring); `run(rank)` is
-    meshsim.predict's RankRun of a rank."""
+    meshsim.model.predict's RankRun of a rank."""
 
     def __init__(self, plan: Plan, world: int, run: Any):
         self.world, self.run = world, run
@@ -441,8 +442,8 @@ class ClassCall(Call):
 
 
 def class_calls(classes: RankClasses, runs: dict[int, Any]) -> list[list[Call]]:
-    """Every class's blocking calls, for meshsim.predict.simulate played by classes: a class arrives at a call when
-    its members do, and a call's members are the classes its group holds. Exact, because every group of a kind
+    """Every class's blocking calls, for meshsim.model.predict.simulate played by classes: a class arrives at a
+    call when its members do, and a call's members are the classes its group holds. Exact, because every group of a kind
     that holds a class holds the same classes (Classifier.settle(compositions=True) splits them until it does)."""
     label, world = classes.label, classes.world
     everyone = tuple(range(len(classes)))

@@ -12,20 +12,23 @@ from collections.abc import Callable
 from typing import Any
 
 from .core import deadlines
+from .core.record import RunRecord
+from .core.releases import text
 from .core.wire import RunFunction, RunPlan
 from .judge.verdict import Verdict, judge
-from .model.predict import Prediction, no_gc, predict, unpredictable
+from .model.choices import changes, torch_chose
+from .model.predict import Chosen, Prediction, no_gc, predict, unpredictable
 from .ops import validate
 from .spec.plan import Plan, PlanError
 from .spec.platform import CPU, Platform
 
 
 def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform = CPU,
-                   by_class: bool = False) -> Prediction:
+                   by_class: bool = False, chosen: Chosen | None = None) -> Prediction:
     """The model's prediction, or, when the model itself fails, a prediction that says it cannot tell.
     `by_class`: rank classes answered once each (the model tier: meshsim.model.classes)."""
     try:
-        return predict(plan, world, deadline, platform=platform, by_class=by_class)
+        return predict(plan, world, deadline, platform=platform, by_class=by_class, chosen=chosen)
     except Exception as exc:  # the model's own bug becomes a verdict, never a traceback
         return unpredictable(plan, world, exc, by_class)
 
@@ -35,7 +38,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     """Run `plan` on the executor's ranks and judge what they observed against the model."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
-    validate(plan, executor.world)
+    validate(plan, executor.world, executor.platform.release)
     deadline = deadlines.checked(_default_deadline(executor) if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []
 
@@ -47,7 +50,22 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
         record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
-        return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
+        return judge(record, "plan", plan, _as_torch_chose(plan, meanwhile(), record, executor, deadline),
+                     strict=strict, topology=executor.topology)
+
+
+def _as_torch_chose(plan: Plan, prediction: Prediction, record: RunRecord, executor: Any, deadline: float
+                    ) -> Prediction:
+    """The prediction, made again with torch's own choices where they differ from the model's (a sharding
+    strategy's placements: meshsim.model.choices); the record says where torch changed its choice."""
+    if prediction.model_error is not None:
+        return prediction
+    chosen = torch_chose(plan, prediction, record)
+    if not chosen:
+        return prediction
+    record.notes.extend(changes(plan, prediction, record, chosen, text(executor.platform.release)))
+    return prediction_for(plan, executor.world, deadline, executor.platform, getattr(executor, "by_class", False),
+                          chosen)
 
 
 def _default_deadline(executor: Any) -> float:

@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .core.releases import beyond_known
+
+    newer = beyond_known()
+    if newer and args.command in CHECKS_TORCH:
+        print(f"meshsim: {newer}", file=sys.stderr)  # the top of every report, before anything runs
     try:
         return COMMANDS[args.command](args)
     except MeshsimError as exc:
@@ -386,7 +391,10 @@ def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis
               f"{result.outcome} after {result.record.elapsed:.2f} s — {mark}", highlight=False)
     if result.differences or result.findings:
         render_result(result, out, show_plan=not run.matched)
-    elif result.diagnosis is not None:
+        return
+    for note in result.notes:  # where torch changed its choice, what a tier could not check
+        out.print(f"   note: {note}", style="dim", markup=False, highlight=False)
+    if result.diagnosis is not None:
         render_diagnosis(result.diagnosis, out, stacks=stacks)
 
 
@@ -543,6 +551,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 COMMANDS = {"launch": cmd_launch, "replay": cmd_replay, "ops": cmd_ops, "fuzz": cmd_fuzz, "run": cmd_run,
             "nightly": cmd_nightly, "examples": cmd_examples, "findings": cmd_findings, "explain": cmd_explain}
+CHECKS_TORCH = ("launch", "replay", "fuzz", "run", "nightly", "examples", "explain")  # reports judged on torch
 
 if __name__ == "__main__":
     sys.exit(main())

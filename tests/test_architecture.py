@@ -83,11 +83,12 @@ def _of(package: str) -> list[str]:
 LAYERS = [
     ("vocabulary", ["meshsim.core"]),
     ("what to run", ["meshsim.spec"]),
+    ("the torch boundary", ["meshsim.compat"]),
     ("the model's emulation", ["meshsim.model"]),
     ("operations", ["meshsim.ops"]),
     ("executors", ["meshsim.run"]),
     ("the culprit rule", ["meshsim.judge.blame"]),
-    ("the model's prediction", ["meshsim.model.predict", "meshsim.model.classes"]),
+    ("the model's prediction", ["meshsim.model.predict", "meshsim.model.classes", "meshsim.model.choices"]),
     ("the judge", ["meshsim.judge"]),
     ("the one path", ["meshsim.check", "meshsim.cluster"]),
     ("jobs", ["meshsim.sweep", "meshsim.scenario", "meshsim.launch", "meshsim.replay", "meshsim.examples"]),
@@ -133,7 +134,7 @@ def test_the_executors_import_nothing_of_the_model(module):
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_only_code_that_runs_on_the_ranks_imports_torch_distributed(module):
-    on_ranks = module.startswith(("meshsim.run", "meshsim.ops", "meshsim.examples"))
+    on_ranks = module.startswith(("meshsim.run", "meshsim.ops", "meshsim.examples", "meshsim.compat"))
     # Tools that start no process group: torch's Flight Recorder reader and analyzer (replay reads dumps with
     # them), and torchrun's command-line parser and log routing (launch reads torchrun's flags with them).
     tools = ("torch.distributed.flight_recorder", "torch.distributed.run", "torch.distributed.elastic.multiprocessing",

@@ -75,7 +75,7 @@ def is_error(value: Any) -> bool:
 # ------------------------------------------------------------------------------------------ controller -> rank
 
 # Point-to-point calls, by the side of the pair they are on. Each is announced on its channel, the group's calls
-# from one rank to another ("<group>:<src>-><dst>", meshsim.run.progress): a recv pairs with its peer's send, not
+# from one rank to another ("<group>:<src>-><dst>", meshsim.compat.follow): a recv pairs with its peer's send, not
 # with whatever the group's other members did (a pipeline's stages each talk to their neighbours only).
 SENDS = ("send", "isend", "send_object_list")
 RECVS = ("recv", "irecv", "recv_object_list")
@@ -147,6 +147,7 @@ class Ready(NamedTuple):
 
 class JoinFailed(NamedTuple):
     reason: str
+    incompatible: bool = False  # a patch of meshsim's does not fit the installed torch (meshsim.compat)
 
 
 class StepBegun(NamedTuple):

@@ -151,7 +151,7 @@ def _normalise_stack(text: str) -> str:
             if any(part in line for part in ("meshsim/run/rank.py", "multiprocessing/", "meshsim/run/torchrun.py",
                                              "<frozen runpy>")):
                 break  # below here: meshsim's command loop and process bootstrap
-            if any(part in line for part in ("meshsim/run/progress.py", "c10d_logger.py", "meshsim/run/simgpu/",
+            if any(part in line for part in ("meshsim/compat/", "c10d_logger.py",
                                              "torch/overrides.py")):
                 continue  # the instrumentation wrapper
             lines.append(line.rstrip())

@@ -3,7 +3,7 @@
 Each rank is a bare worker process (meshsim.run, script mode) that runs the script as __main__ with what torchrun
 gives a worker on its host: its environment (for this attempt), the host's name and, with host_dirs, the host's
 own working directory, and torchrun's thread setting. When the machine has fewer GPUs than ranks, every simulated
-host shows its GPUs living in CPU memory (meshsim.run.simgpu) and NCCL becomes gloo; with enough GPUs they are
+host shows its GPUs living in CPU memory (meshsim.compat.simgpu) and NCCL becomes gloo; with enough GPUs they are
 used for real. A rank that waits past the deadline in a collective or a group creation ends the run with
 meshsim's diagnosis. A failure restarts every rank, as torchrun's elastic agent does, up to max_restarts times.
 """

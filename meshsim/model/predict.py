@@ -25,6 +25,8 @@ from .dtensor import DTensorModel, forget_sims
 from .expect import Err, Grid, ModelRaise, Quirk
 from .mesh import Call, Group, MeshModel, RankModel, summary
 
+Chosen = dict[int, Any]  # step -> what torch chose there, where the choice is torch's (meshsim.model.choices)
+
 # Meshes torch accepts although it should refuse them; what follows derails.
 _STATEFUL_FINDINGS = ("repeated-rank-accepted", "devicemesh-names-unchecked")
 
@@ -85,10 +87,12 @@ class Prediction:
 
 
 def predict(plan: Plan, world: int, deadline: float | None = None, platform: Platform = CPU,
-            by_class: bool = False) -> Prediction:
+            by_class: bool = False, chosen: Chosen | None = None) -> Prediction:
     """`platform`: the ranks' default device type, and whether they can set a CUDA device. `by_class`: answer
     each class of ranks that run the plan alike once (meshsim.model.classes; the model tier at scale): the prediction's
-    ranks are then a ClassView, and every rank's observations are its representative's."""
+    ranks are then a ClassView, and every rank's observations are its representative's. `chosen`: what torch
+    chose at steps where the choice is torch's (meshsim.model.choices), predicted as torch chose it."""
+    chosen = chosen or {}
     L.forget_shared()
     forget_sims()
     with no_gc():  # the world's predictions are live until the end: collecting on the way is wasted work
@@ -96,27 +100,29 @@ def predict(plan: Plan, world: int, deadline: float | None = None, platform: Pla
             from .classes import Unclassable
 
             try:
-                return _predict_by_class(plan, world, deadline, platform)
+                return _predict_by_class(plan, world, deadline, platform, chosen)
             except Unclassable as exc:
-                prediction = _predict(plan, world, deadline, platform)
+                prediction = _predict(plan, world, deadline, platform, chosen)
                 prediction.notes.append(f"predicted rank by rank: {exc}")
                 return prediction
-        return _predict(plan, world, deadline, platform)
+        return _predict(plan, world, deadline, platform, chosen)
 
 
-def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
-    ranks = [_run_rank(plan, rank, world, platform) for rank in range(world)]
+def _predict(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU,
+             chosen: Chosen | None = None) -> Prediction:
+    ranks = [_run_rank(plan, rank, world, platform, chosen) for rank in range(world)]
     findings = set().union(*(r.findings for r in ranks)) if ranks else set()
     preds = [r.prediction for r in ranks]
     stuck, mismatched = simulate(preds)
     return _conclude(plan, world, deadline, preds, findings, stuck, mismatched)
 
 
-def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU) -> Prediction:
+def _predict_by_class(plan: Plan, world: int, deadline: float | None, platform: Platform = CPU,
+                      chosen: Chosen | None = None) -> Prediction:
     from .classes import Classifier, ClassView, Unclassable, check_classes, lockstep
 
     def run(rank: int) -> RankRun:
-        return _run_rank(plan, rank, world, platform)
+        return _run_rank(plan, rank, world, platform, chosen)
 
     classifier = Classifier(plan, world, run)
     classes = classifier.settle(compositions=False)
@@ -303,8 +309,9 @@ def name_collision(preds: list[RankPrediction]) -> int | None:
 class RankRun:
     """One rank running a plan in the model: the emulated DeviceMesh state, the handles, the prediction."""
 
-    def __init__(self, plan: Plan, rank: int, world: int, platform: Platform = CPU):
+    def __init__(self, plan: Plan, rank: int, world: int, platform: Platform = CPU, chosen: Chosen | None = None):
         self.model = RankModel(rank, world, platform)
+        self.chosen: Chosen = chosen or {}  # step -> what torch chose there (meshsim.model.choices)
         self.prediction = RankPrediction(rank)
         self.handles: dict[str, Any] = {}
         self.plan = plan
@@ -344,8 +351,9 @@ class RankRun:
         return value
 
 
-def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU) -> RankRun:
-    run = RankRun(plan, rank, world, platform)
+def _run_rank(plan: Plan, rank: int, world: int, platform: Platform = CPU, chosen: Chosen | None = None
+              ) -> RankRun:
+    run = RankRun(plan, rank, world, platform, chosen)
     pred = run.prediction
     for index, st in enumerate(plan.steps):
         if pred.end != FINISHED or not st.runs_on(rank):

@@ -580,12 +580,17 @@ class Sum:
     """torch.sum over one tensor dim of a DTensor: a dim sharded on a mesh dim becomes Partial(sum) there (a
     Partial(sum) input stays so; a Partial(avg|max|min) input is first reduced, with the summed dim's shards)"""
 
+    chooses = "placements"  # the sharding strategy's (2.14 keeps shards that 2.13 replicated): torch's choice
+
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         ndim = len(dt.shape)
         dim = a["dim"] + ndim if a["dim"] < 0 else a["dim"]
         if not 0 <= dim < ndim:
             raise ModelRaise(Err("IndexError", "Dimension out of range"))
+        needed = _input_for(dt.placements, run.chosen.get(run.index), dim)
+        if needed is not None:  # torch chose these output placements: its input was redistributed to `needed`
+            return _summed(run, model_redistribute(run, dt, needed, "sum"), dim)
         if any(p[0] == "P" and p[1] != "sum" for p in dt.placements):
             # sum is not linear over such a Partial: torch's reduction strategy first replicates every Partial dim
             # and every Shard of the summed dim (replicate_reduction_dims), then sums locally
@@ -621,6 +626,27 @@ def _summed(run: Any, dt: D.DTensorModel, dim: int) -> D.DTensorModel:
     state, torch = dt.map_sides(lambda blocks: {r: D.sum_dim(block, dim) for r, block in blocks.items()})
     beliefs = {r: b[:dim] + b[dim + 1:] for r, b in dt.beliefs.items()} if dt.beliefs else None
     return D.DTensorModel(dt.mesh, dt.geometry, shape, placements, state, torch, dt.finding, beliefs)
+
+
+def _input_for(current: list[tuple], chosen: Any, dim: int) -> list[tuple] | None:
+    """The input placements a sum over `dim` needs for the output placements torch chose (a sharding strategy's
+    rules, mesh dim by mesh dim: Partial(sum) from a Shard of `dim` or a Partial(sum), a Shard from the Shard of
+    the same tensor dim, Replicate from Replicate); None when torch chose nothing here, or nothing a sum can
+    make (that stays a difference)."""
+    if not isinstance(chosen, list) or len(chosen) != len(current):
+        return None
+    needed: list[tuple] = []
+    for now, text in zip(current, chosen):
+        out = parse_placement(text) if isinstance(text, str) else None
+        if out == ("P", "sum"):
+            needed.append(now if now in (("S", dim), ("P", "sum")) else ("S", dim))
+        elif out is not None and out[0] == "S":
+            needed.append(("S", out[1] if out[1] < dim else out[1] + 1))
+        elif out == ("R",):
+            needed.append(("R",))
+        else:
+            return None
+    return needed
 
 
 def _after_sum(p: tuple, dim: int) -> tuple:

@@ -260,7 +260,7 @@ class Flatten:
 
 @operation("unflatten", "derive", {"src": F.MESH, "dim": F.DIM, "sizes": F.SHAPE, "names": F.NAMES,
                                    "backend_override": F.OVERRIDES}, ("src", "dim", "sizes", "names"),
-           F.PRODUCES_MESH, creates_groups=True, weight=2)
+           F.PRODUCES_MESH, creates_groups=True, weight=2, needs="mesh-layout")
 class Unflatten:
     """src._unflatten(dim, sizes, names, backend_override=...)"""
 
@@ -298,7 +298,7 @@ class Unflatten:
                     backend_override=draw(draw_overrides(len(sizes), names, allow_errors)))
 
 
-@operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH, weight=2)
+@operation("concatenate", "derive", {"srcs": F.MESHES}, ("srcs",), F.PRODUCES_MESH, weight=2, needs="mesh-layout")
 class Concatenate:
     """DeviceMesh._concatenate([srcs...])"""
 
@@ -438,7 +438,8 @@ def _seen_from_here(src: Any, dims: list, sliced_view: Any, view: Any, coordinat
     return restrict_view(view(src), coordinate, shape, indices)
 
 
-@operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST, weight=1)
+@operation("all_submeshes", "derive", {"src": F.MESH, "dim": F.NAME}, ("src", "dim"), F.PRODUCES_MESH_LIST, weight=1,
+           needs="mesh-layout")
 class AllSubmeshes:
     """src._get_all_submeshes(dim): handles out.0, out.1, ..."""
 

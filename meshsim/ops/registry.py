@@ -25,6 +25,15 @@ class Operation:
     draw: Callable[..., Any]
     check_args: Callable[[dict], None] = field(default=lambda args: None)
     weight: int = 0  # how often meshsim.sweep.strategies.plans draws it, by how much of torch it reaches
+    needs: str | None = None  # the rule of meshsim.model.semantics a release must hold to have it
+    # the key of its observation that is torch's choice, not its contract (a sharding strategy's placements):
+    # the model predicts with what torch chose there (meshsim.model.choices)
+    chooses: str | None = None
+
+    def available(self, release: tuple[int, int, int]) -> bool:
+        from ..model.semantics import holds  # (the ranks, which run the torch parts, never load the model)
+
+        return self.needs is None or holds(self.needs, release)
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -35,10 +44,11 @@ DRAWN_ELSEWHERE = ("root", "fault")
 
 
 def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, required: tuple[str, ...] = (),
-              produces: str | None = None, creates_groups: bool = False, weight: int = 0
+              produces: str | None = None, creates_groups: bool = False, weight: int = 0, needs: str | None = None
               ) -> Callable[[type], Operation]:
     """Register the class it decorates as operation `name`: its docstring is the op's doc, its functions
-    `model`, `torch`, `draw` (and optionally `check_args`) are the parts."""
+    `model`, `torch`, `draw` (and optionally `check_args`) are the parts; `chooses`, where it has one, the
+    observation key that is torch's choice."""
 
     def register(cls: type) -> Operation:
         missing = [part for part in PARTS if not callable(getattr(cls, part, None))]
@@ -52,7 +62,7 @@ def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, req
         parts = {part: getattr(cls, part) for part in PARTS}
         op = Operation(name, (cls.__doc__ or "").strip(), role, dict(fields or {}), required, produces,
                        creates_groups, parts["model"], parts["torch"], parts["draw"],
-                       getattr(cls, "check_args", lambda args: None), weight)
+                       getattr(cls, "check_args", lambda args: None), weight, needs, getattr(cls, "chooses", None))
         OPERATIONS[name] = op
         return op
 

@@ -8,19 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..core.releases import Release, installed
 from ..spec.fields import Context, PlanError
 from ..spec.plan import HANDLE, MAX_STEPS, Plan, Step
 from .registry import OPERATIONS
 
 
-def validate(plan: Plan, world: int | None = None) -> Plan:
-    """Raise PlanError naming the first step that is malformed; return the plan otherwise."""
+def validate(plan: Plan, world: int | None = None, release: Release | None = None) -> Plan:
+    """Raise PlanError naming the first step that is malformed, or that the torch release (default: the installed
+    one) does not have; return the plan otherwise."""
+    from ..model.semantics import needs  # (the ranks load the ops, and never the model)
+
+    release = installed() if release is None else release
     if len(plan.steps) > MAX_STEPS:
         raise PlanError(f"a plan has at most {MAX_STEPS} steps, this one {len(plan.steps)}")
     handles: dict[str, str] = {}  # handle -> what produced it
     for index, st in enumerate(plan.steps):
         try:
             _validate_step(st, handles, world)
+            rule = OPERATIONS[st.op].needs
+            missing = needs(rule, release) if rule is not None else None
+            if missing:
+                raise PlanError(missing)
         except PlanError as exc:
             raise PlanError(f"step {index} ({st.op}): {exc}") from None
         if st.out is not None:

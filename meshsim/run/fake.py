@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..compat.progress import Progress
 from ..core import deadlines
 from ..core.errors import ClusterError
 from ..core.record import RankState, RunRecord, RunStatus
@@ -56,7 +57,6 @@ from .follow import Hosted, follow
 from .generation import Generation
 from .interpreter import Interpreter
 from .pool import Pooled, WorkerPool
-from .progress import Progress
 from .rank import (
     WorkerSpec,
     _capture_output,

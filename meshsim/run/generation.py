@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..compat.patching import CompatError
 from ..core.errors import ClusterError
 from ..core.wire import JoinFailed, Ready, Stop, encoded
 from .rank import STACK_SIGNAL, WorkerSpec, worker_main
@@ -164,6 +165,8 @@ class Generation:
                         f"rank {worker.rank} died while starting (exit code {worker.process.exitcode}); "
                         "a script that starts a cluster must do so under `if __name__ == \"__main__\":`"
                     ) from None
+                if isinstance(message, JoinFailed) and message.incompatible:
+                    raise CompatError(message.reason)
                 if not isinstance(message, Ready):
                     reason = message.reason if isinstance(message, JoinFailed) else repr(message)
                     raise ClusterError(f"rank {worker.rank} could not join the world: {reason}")

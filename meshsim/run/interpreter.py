@@ -17,13 +17,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from ..compat.progress import Progress
 from ..core.wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value, tensor_values
 from ..ops import operation_of
 from ..ops.dtensor import torch_observe
 from ..ops.faults import InjectedError
 from ..ops.queries import mesh_summary
 from ..spec.plan import Plan, Step
-from .progress import Progress
 
 
 def forget_dtensor_caches() -> None:

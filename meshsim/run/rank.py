@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..compat.patching import CompatError
 from ..core.deadlines import torch_wait
 from ..core.wire import (
     FunctionBegun,
@@ -58,7 +59,7 @@ class WorkerSpec:
     output_file: str  # the rank's stdout and stderr (C++ aborts print there too)
     start_timeout_s: float  # joining the world; torch's waits follow from it by torch_wait()
     script: bool = False  # a bare rank for `meshsim launch`: the user's script makes its own process group
-    simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.run.simgpu)
+    simulated_gpus: bool = False  # show each simulated host D GPUs in CPU memory (meshsim.compat.simgpu)
     coverage_file: str | None = None  # measure torch's DeviceMesh code here (meshsim.run.coverage)
     flight_recorder: str | None = None  # record collectives, and dump them here on a hang (meshsim.run.flight)
     gpus_per_host: int | None = None  # simulated GPUs a host shows (None: one a rank, devices_per_host)
@@ -150,6 +151,9 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     try:
         session = RankSession.join(spec.backend, spec.rank, topology.world, send,
                                    store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
+    except CompatError as exc:  # a patch that does not fit this torch: its one line is the whole story
+        conn.send(JoinFailed(str(exc), incompatible=True))
+        os._exit(4)
     except Exception as exc:  # could not join the world: tell the controller why, then leave
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
@@ -221,18 +225,22 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     progress hooks, simulated GPUs if asked, and then one script run as __main__."""
     import torch.distributed.distributed_c10d as c10d
 
-    from .progress import Progress, install
+    from ..compat.follow import install
+    from ..compat.progress import Progress
 
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// connects to the controller's store as torchrun's
     fresh_random_state()
     fresh_start_method()
-    if spec.simulated_gpus:
-        from . import simgpu
-
-        simgpu.install(spec.gpus_per_host or spec.devices_per_host)
-
     progress = Progress(conn.send)
-    install(progress)
+    try:
+        if spec.simulated_gpus:
+            from ..compat import simgpu
+
+            simgpu.install(spec.gpus_per_host or spec.devices_per_host)
+        install(progress)
+    except CompatError as exc:  # before the script runs: never a TypeError inside the user's code
+        conn.send(JoinFailed(str(exc), incompatible=True))
+        os._exit(4)
     conn.send(Ready(os.getpid()))
 
     def run(message: RunScript) -> None:
@@ -328,8 +336,9 @@ class RankSession:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
+        from ..compat.follow import install
+        from ..compat.progress import Progress
         from .interpreter import Interpreter
-        from .progress import Progress, install
 
         self.dist, self.c10d, self.store = dist, c10d, store
         self.baseline = set(c10d._world.pg_map)

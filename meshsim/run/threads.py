@@ -171,8 +171,8 @@ def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queu
 
     import torch.distributed as dist
 
+    from ..compat.progress import bind_thread
     from ..core.deadlines import torch_wait
-    from .progress import bind_thread
     from .rank import RankSession
 
     try:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..core.releases import Release, cuda_build, installed
 
 
 @dataclass(frozen=True)
 class Platform:
-    """What the ranks' machine decides: the default device type of a mesh (the backend's), and whether a rank
-    can set a CUDA device (DeviceMesh does so when a "cuda" mesh builds its groups)."""
+    """What the ranks' machine decides: the default device type of a mesh (the backend's), whether a rank can
+    set a CUDA device (DeviceMesh does so when a "cuda" mesh builds its groups), and the torch the ranks run: its
+    release (the model follows its semantics, meshsim.model.semantics) and whether it is a CUDA build (which
+    refuses a missing GPU in its own words)."""
 
     device: str = "cpu"
     cuda: bool = False
+    release: Release = field(default_factory=installed)
+    cuda_build: bool = field(default_factory=cuda_build)
 
 
 CPU = Platform()

@@ -12,6 +12,7 @@ import os
 import types
 from typing import Any
 
+from ..patching import patch
 from .state import State, initialize, ordinal, refusal, refused
 
 CAPABILITY = (9, 0)  # what a simulated GPU reports: an H100's compute capability (bf16 and TF32 supported)
@@ -252,6 +253,11 @@ def _refuse_the_rest(module: Any, prefix: str, simulated: set[str]) -> None:
             setattr(module, name, refused(f"{prefix}.{name}"))
 
 
+@patch("simgpu.devices", "torch.cuda and torch.accelerator answering for the simulated host's GPUs",
+       targets=("torch.cuda.device_count", "torch.cuda.set_device", "torch.cuda.get_device_properties",
+                "torch.cuda.graphs.is_current_stream_capturing", "torch.cuda.nccl.version",
+                "torch.cuda.nvtx.range_push",
+                "torch._C._get_accelerator", "torch.accelerator.device_count", "torch.Tensor.record_stream"))
 def install() -> None:
     import torch
     import torch.cuda.nccl

@@ -1,183 +1,24 @@
-"""Live progress events from a rank, emitted *before* every call that can block.
+"""The followers: patches of torch that make every collective, wait and group creation announce itself to the
+rank's Progress (meshsim.compat.progress) before it can block, so users' own code is followed too.
 
-A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
-group creation announces itself first (meshsim.core.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
-MeshBuilt). They are installed around torch.distributed itself, so users' own code is followed too.
+Each is a registered patch (meshsim.compat.patching): what it replaces, the releases it was written for, what
+its wrappers read by name. Wrappers pass every argument through as they got it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import os
-import sys
-import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
-from ..core.wire import RECVS, SENDS, Batch, CallBegun, CallDone, CallReturned, MeshBuilt
+from ..core.wire import MeshBuilt
+from . import patching as _patching
+from . import progress as _progress
+from .patching import arguments, patch, wrap
+from .progress import COLLECTIVES, RECVS, SENDS, Progress, current, tensor_sizes
 
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single",
-    "all_gather_coalesced", "all_reduce_coalesced", "broadcast", "broadcast_object_list", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
-    "barrier", "monitored_barrier", "gather", "gather_object", "scatter", "scatter_object_list", *SENDS, *RECVS,
-)
-
-
-class Progress:
-    """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
-
-    def __init__(self, send: Callable[[Any], None]):
-        self._send = send
-        self._lock = threading.Lock()
-        self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
-        self.in_plan = False  # inside a plan every blocking call is announced: "returned" can wait for the next
-        self._returned = False
-        self.seq: dict[str, int] = {}
-        self.group_info: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, name)
-        self.mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
-        # the handle of a call in flight (id of its Work, or the storage of a functional collective's output)
-        # -> its (group, seq), and back
-        self.works: dict[Any, tuple[str, int]] = {}
-        self.in_flight: dict[tuple[str, int], Any] = {}
-        self.last_asked: dict[str, tuple[int, Any]] = {}  # group name -> (id of the mesh, dim) that named it last
-
-    def forget_groups(self) -> None:
-        """Drop cached group descriptions (ids of destroyed groups get reused)."""
-        self.group_info.clear()
-        self.mesh_dims.clear()
-        self.last_asked.clear()
-
-    def emit(self, event: Any) -> None:
-        with self._lock:
-            if self._returned:
-                self._returned = False
-                event = Batch((CallReturned(), event))
-            self._send(event)
-
-    def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
-             context: tuple | None = None) -> tuple[str, int]:
-        n = self.seq.get(group, 0)
-        self.seq[group] = n + 1
-        # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
-        # the members' call sequences of a group by it, to tell a skipped call from a late one).
-        site = None if self.in_plan else user_site()
-        context = context or self.context or self.mesh_dims.get(group)
-        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes))
-        return group, n
-
-    def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
-        self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc),
-                            None if self.in_plan else user_site()))
-
-    def returned(self) -> None:
-        # Inside a plan the next message (a call, a step) always comes before the rank can block again, so
-        # "returned" rides with it: a third fewer messages. User code may block anywhere: it is told at once.
-        if self.in_plan:
-            self._returned = True
-        else:
-            self.emit(CallReturned())
-
-    def returned_handle(self, key: tuple[str, int], handle: Any, work: Any = None) -> None:
-        """The call returned a handle (a Work from async_op=True or isend; a functional collective's tensor): it
-        stays in flight until the Work's future completes or a wait on the handle returns (gloo's point-to-point
-        Works have no future). Said after "returned", so that a call that has completed already is not left in
-        flight."""
-        self._returned = False
-        self.emit(CallReturned(pending=True))
-        with self._lock:  # registered after it is said, and the callback after that: CallDone always comes last
-            self.in_flight[key] = handle
-            self.works[handle] = key
-        try:
-            future = work.get_future()
-        except Exception:  # no Work, or Work::getFuture not implemented (gloo's send and recv)
-            return
-        future.add_done_callback(lambda done: self.completed(key, _error_of(done)))
-
-    def completed(self, key: tuple[str, int], error: str | None = None) -> None:
-        """A call in flight completed (from the backend's thread, or a wait); said once."""
-        with self._lock:
-            if key not in self.in_flight:
-                return
-            work = self.in_flight.pop(key)
-            if self.works.get(work) == key:
-                del self.works[work]
-        self.emit(CallDone(key[0], key[1], error))
-
-    def failed(self, exc: BaseException) -> None:
-        """The call raised: the judge tells a rank whose collective failed because a peer left from the one
-        that left."""
-        self._returned = False
-        self.emit(CallReturned(f"{type(exc).__name__}: {exc}"[:500]))
-
-    def end_plan(self) -> None:
-        """The plan's result follows: a pending "returned" is moot (the rank has finished)."""
-        self.in_plan = self._returned = False
-
-
-def _plumbing() -> tuple[tuple[str, ...], str]:
-    """Where code that is not the user's lives: torch, meshsim (but for its example scripts), the standard library
-    and the packages that carry functions to the ranks."""
-    import sysconfig
-
-    import dill
-    import multiprocess
-    import torch
-
-    meshsim_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dirs = [os.path.dirname(str(m.__file__)) for m in (torch, dill, multiprocess)]
-    dirs += [meshsim_dir, sysconfig.get_paths()["stdlib"]]
-    return tuple(d + os.sep for d in dirs), os.path.join(meshsim_dir, "examples") + os.sep
-
-
-_PLUMBING: tuple[tuple[str, ...], str] | None = None
-
-
-def user_site() -> str | None:
-    """The innermost frame of the user's own code: "train.py:42" (None: the call came from no user code)."""
-    global _PLUMBING
-    if _PLUMBING is None:
-        _PLUMBING = _plumbing()
-    plumbing, examples = _PLUMBING
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path.startswith(examples) or not (path.startswith(plumbing) or path.startswith("<frozen")):
-            return f"{os.path.basename(path)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def tensor_sizes(args: tuple[Any, ...]) -> str | None:
-    """The tensors a collective was given (its first argument: a tensor, or a list of them), as "float32[2, 4]":
-    members that pass other sizes to one collective are a hang, or wrong values, on gloo."""
-    first = args[0] if args else None
-    tensors = first if isinstance(first, (list, tuple)) else [first]
-    shown = []
-    for t in tensors[:4]:
-        shape, dtype = getattr(t, "shape", None), getattr(t, "dtype", None)
-        if shape is None or dtype is None:
-            return None
-        shown.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}")
-    return ",".join(shown) + (",..." if len(tensors) > 4 else "")
-
-
-_default: Progress | None = None  # the process's rank
-_local = threading.local()  # a thread's rank, where ranks are threads (meshsim.run.threads)
-
-
-def current() -> Progress:
-    """The progress of the rank running on this thread (install() has run: every hook that asks is installed)."""
-    found = getattr(_local, "progress", None) or _default
-    assert found is not None, "meshsim's progress hooks ran before install()"
-    return found
-
-
-def bind_thread(progress: Progress) -> None:
-    """This thread is a rank of its own: its calls report to `progress` (install() must have run)."""
-    _local.progress = progress
+_local = _progress._local
 
 
 def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
@@ -204,30 +45,48 @@ def _remember_mesh_dim(mesh: Any, dim: Any, group: Any) -> None:
     known[str(group.group_name)] = (label, dim if dim is not None else index, pattern)
 
 
+C10D = "torch.distributed.distributed_c10d"
+FUNCOL = "torch.distributed._functional_collectives"
+DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
+DDP = "torch.nn.parallel.DistributedDataParallel"
+# Collectives every release meshsim knows has; the others (all_gather_single, ...) are followed where they exist.
+_EVERYWHERE = ("all_reduce", "all_gather", "broadcast", "barrier", "reduce", "send", "recv", "isend", "irecv")
+
+
 def install(progress: Progress) -> None:
     """Route every torch.distributed collective and group creation in this process through `progress`."""
-    global _default
-    import torch.distributed as dist
+    if _progress._default is not None:
+        _progress._default = progress
+        return
+    _progress._default = progress
+    for name in FOLLOWERS:
+        _patching.install(name)
+
+
+def describe(group: Any) -> tuple[tuple[int, ...], str]:
+    """A group's ranks and name, remembered by the group's id (None: the world)."""
     import torch.distributed.distributed_c10d as c10d
 
-    if _default is not None:
-        _default = progress
-        return
-    _default = progress
+    if group is None or group is c10d.GroupMember.WORLD:
+        group = c10d._get_default_group()
+    key = id(group)
+    group_info = current().group_info
+    info = group_info.get(key)
+    if info is None:
+        try:
+            info = (tuple(c10d.get_process_group_ranks(group)), str(group.group_name))
+        except Exception:  # not a member, or already destroyed: still worth reporting
+            info = ((), repr(group))
+        group_info[key] = info
+    return info
 
-    def describe(group: Any) -> tuple[tuple[int, ...], str]:
-        if group is None or group is c10d.GroupMember.WORLD:
-            group = c10d._get_default_group()
-        key = id(group)
-        group_info = current().group_info
-        info = group_info.get(key)
-        if info is None:
-            try:
-                info = (tuple(c10d.get_process_group_ranks(group)), str(group.group_name))
-            except Exception:  # not a member, or already destroyed: still worth reporting
-                info = ((), repr(group))
-            group_info[key] = info
-        return info
+
+@patch("follow.collectives", "following where a rank waits in a torch.distributed collective",
+       targets=tuple(f"{C10D}.{name}" for name in COLLECTIVES),
+       optional=tuple(f"{C10D}.{name}" for name in COLLECTIVES if name not in _EVERYWHERE))
+def _follow_collectives() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     for name in COLLECTIVES:
         original = getattr(c10d, name, None)
@@ -238,57 +97,67 @@ def install(progress: Progress) -> None:
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
 
-    _follow_waits(c10d.Work)
-    _follow_ddp()
-    _follow_functional(describe)
-    original_new = c10d._new_group_with_tag
 
-    @functools.wraps(original_new)
-    def new_group_with_tag(ranks=None, *args, **kwargs):
+@patch("follow.new-group", "following where a rank waits while it creates a process group",
+       targets=(f"{C10D}._new_group_with_tag",), needs={f"{C10D}._new_group_with_tag": ("ranks",)})
+def _follow_group_creation() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    def new_group_with_tag(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        ranks = arguments(original, args, kwargs).get("ranks")
         members = tuple(sorted(ranks)) if ranks is not None else tuple(range(c10d.get_world_size()))
         progress = current()
         progress.creating(members, str(c10d._world.group_count), kwargs.get("group_desc"))
         try:
-            group = original_new(ranks, *args, **kwargs)
+            group = original(*args, **kwargs)
         except BaseException as exc:
             progress.failed(exc)
             raise
         progress.returned()
         return group
 
-    c10d._new_group_with_tag = new_group_with_tag
-    _follow_device_mesh()
+    wrap(c10d, "_new_group_with_tag", new_group_with_tag)
 
 
+@patch("follow.device-mesh", "naming the mesh dim of every group a DeviceMesh hands out, and the meshes built",
+       targets=(f"{DEVICE_MESH}.get_group", f"{DEVICE_MESH}._init_process_groups"),
+       needs={f"{DEVICE_MESH}.get_group": ("mesh_dim",)})
 def _follow_device_mesh() -> None:
-    """A group a DeviceMesh hands out is remembered with its mesh dim, and a mesh built is announced."""
+    import inspect
+
     from torch.distributed.device_mesh import DeviceMesh
 
-    original_get_group = DeviceMesh.get_group
-
-    @functools.wraps(original_get_group)
-    def get_group(self, mesh_dim=None):
-        group = original_get_group(self, mesh_dim)
+    def get_group(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+        group = original(self, *args, **kwargs)
         try:
-            _remember_mesh_dim(self, mesh_dim, group)
+            _remember_mesh_dim(self, arguments(original, (self, *args), kwargs).get("mesh_dim"), group)
         except Exception:
             pass
         return group
 
-    DeviceMesh.get_group = get_group  # type: ignore[method-assign]
-
-    original_init_groups = DeviceMesh._init_process_groups
-
-    def init_process_groups(layout, rank_map, mesh_dim_names, backend_override):
+    def init_process_groups(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            ranks = tuple(layout.remap_to_tensor(rank_map).flatten().tolist())
-            names = tuple(mesh_dim_names) if mesh_dim_names else None
-            current().emit(MeshBuilt(tuple(layout.top_level_sizes), names, ranks))
+            current().emit(_mesh_built(arguments(original, args, kwargs)))
         except Exception:
             pass
-        return original_init_groups(layout, rank_map, mesh_dim_names, backend_override)
+        return original(*args, **kwargs)
 
-    DeviceMesh._init_process_groups = staticmethod(init_process_groups)  # type: ignore[method-assign]
+    wrap(DeviceMesh, "get_group", get_group)
+    static = isinstance(inspect.getattr_static(DeviceMesh, "_init_process_groups"), staticmethod)
+    wrap(DeviceMesh, "_init_process_groups", init_process_groups, static=static)
+
+
+def _mesh_built(bound: dict[str, Any]) -> MeshBuilt:
+    """The mesh a call of DeviceMesh._init_process_groups builds groups for: from its layout and rank map
+    (torch >= 2.10, a static method), or from the mesh itself (2.9, a method)."""
+    if "layout" in bound:
+        layout, names = bound["layout"], bound.get("mesh_dim_names")
+        ranks = tuple(layout.remap_to_tensor(bound["rank_map"]).flatten().tolist())
+        shape = tuple(layout.top_level_sizes)
+    else:
+        mesh = bound["self"]
+        names, ranks, shape = mesh.mesh_dim_names, tuple(mesh.mesh.flatten().tolist()), tuple(mesh.mesh.shape)
+    return MeshBuilt(shape, tuple(names) if names else None, ranks)
 
 
 def _call_inside(progress: Progress, original: Any, args: tuple, kwargs: dict) -> Any:
@@ -302,14 +171,6 @@ def _call_inside(progress: Progress, original: Any, args: tuple, kwargs: dict) -
         raise
     finally:
         _local.inside = False
-
-
-def _error_of(future: Any) -> str | None:
-    try:
-        future.wait()  # completed already: returns at once, or raises what the call failed with
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:500]
-    return None
 
 
 class _BucketHook:
@@ -328,6 +189,11 @@ class _BucketHook:
         return self.hook(self.state, bucket)
 
 
+@patch("follow.ddp", "following DDP's gradient buckets, which its reducer all_reduces from C++",
+       targets=(f"{DDP}.__init__", f"{DDP}.register_comm_hook", f"{DDP}._register_builtin_comm_hook",
+                "torch.distributed._register_comm_hook"),
+       needs={f"{DDP}.register_comm_hook": ("state", "hook"),
+              f"{DDP}._register_builtin_comm_hook": ("comm_hook_type",)})
 def _follow_ddp() -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -384,7 +250,11 @@ FUNCTIONAL = (
 )
 
 
-def _follow_functional(describe: Callable) -> None:
+@patch("follow.functional", "following DTensor's and tensor parallelism's functional collectives until waited on",
+       targets=tuple(f"{FUNCOL}.{name}" for name in FUNCTIONAL) + (f"{FUNCOL}.wait_tensor",
+                                                                   f"{FUNCOL}._resolve_group_name"),
+       optional=(f"{FUNCOL}.all_gather_single", f"{FUNCOL}.reduce_scatter_single"))
+def _follow_functional() -> None:
     """Each functional collective is announced, and stays in flight until a wait_tensor on its output returns."""
     import torch.distributed._functional_collectives as funcol
 
@@ -421,8 +291,7 @@ def _functional_group(signature: inspect.Signature, args: tuple, kwargs: dict, d
 
     bound = signature.bind_partial(*args, **kwargs).arguments
     group: Any = bound.get("group")
-    resolved = funcol._resolve_group(group, bound.get("tag", ""))
-    pg = c10d._resolve_process_group(resolved) if isinstance(resolved, str) else resolved
+    pg = c10d._resolve_process_group(funcol._resolve_group_name(group, bound.get("tag", "")))
     if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
         _remember_mesh_dim(group[0], group[1], pg)
     elif isinstance(group, DeviceMesh):
@@ -456,16 +325,17 @@ def _wrap_functional(name: str, original: Callable, describe: Callable) -> Calla
     return wrapper
 
 
-def _follow_waits(work_type: Any) -> None:
+@patch("follow.waits", "completing a call in flight when its Work is waited on",
+       targets=(f"{C10D}.Work.wait",))
+def _follow_waits() -> None:
     """A wait on a Work completes the call in flight it stands for (gloo's isend and irecv have no future)."""
-    original_wait = work_type.wait
+    import torch.distributed.distributed_c10d as c10d
 
-    @functools.wraps(original_wait)
-    def wait(self, *args, **kwargs):
+    def wait(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
         progress = current()
         key = progress.works.get(id(self))
         try:
-            result = original_wait(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
         except BaseException as exc:
             if key is not None:
                 progress.completed(key, f"{type(exc).__name__}: {exc}"[:500])
@@ -474,7 +344,7 @@ def _follow_waits(work_type: Any) -> None:
             progress.completed(key)
         return result
 
-    work_type.wait = wait
+    wrap(c10d.Work, "wait", wait)
 
 
 def _wrap_collective(name: str, original: Callable, describe: Callable) -> Callable:
@@ -530,3 +400,7 @@ def _channel(name: str, signature: inspect.Signature, args: tuple, kwargs: dict,
     except Exception:  # a call torch itself will refuse: report it on its group
         return ranks, group_name, None
     return tuple(sorted({src, dst})), f"{group_name}:{src}->{dst}", progress.mesh_dims.get(group_name)
+
+
+FOLLOWERS = ("follow.collectives", "follow.waits", "follow.ddp", "follow.functional", "follow.new-group",
+             "follow.device-mesh")

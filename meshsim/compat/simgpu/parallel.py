@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..patching import patch
+
 # (module, name) of the functions by which FSDP2 (and replicate, built on it) and FSDP1 pick their device. FSDP1
 # takes it from its parameters or from cuda:current, and checks before every forward that its flat parameters are
 # on it; told the cpu, it runs its CPU path, as for the same script with its device edited to "cpu".
@@ -118,6 +120,11 @@ def _capturable_optimizers() -> None:
         setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
 
 
+@patch("simgpu.parallel", "FSDP's device, DTensor's attention and shape propagation on simulated GPU meshes",
+       targets=tuple(f"{module}.{name}" for module, name in FSDP_DEVICE) + (
+           "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta",),
+       optional=tuple(f"{module}.{name}" for module, name in FSDP_DEVICE) + (
+           "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta",))
 def install() -> None:
     _fsdp_device()
     _capturable_optimizers()

@@ -15,22 +15,21 @@ answer. Tensors report device cpu.
 
 from __future__ import annotations
 
+from .. import patching
+from . import amp, collectives, devices, parallel, placement, rng  # noqa: F401 -- importing registers the patches
 from .state import SimulatedGPUError, State
 
-__all__ = ["SimulatedGPUError", "install"]
+__all__ = ["SimulatedGPUError", "install", "PATCHES"]
+
+# Installed in this order (the modules import torch only when a patch is installed).
+PATCHES = ("simgpu.devices", "simgpu.rng", "simgpu.placement", "simgpu.amp", *collectives.PATCHES, "simgpu.parallel")
 
 
-def install(devices: int) -> None:
-    """Make this process a rank of a simulated host with `devices` GPUs (call before the script runs)."""
-    from . import amp, collectives, parallel, placement, rng
-    from . import devices as device_api
-
-    State.devices = devices
+def install(gpus: int) -> None:
+    """Make this process a rank of a simulated host with `gpus` GPUs (call before the script runs)."""
+    State.devices = gpus
     State.current = 0
     State.initialized = False
-    device_api.install()
-    rng.install()
-    placement.install()
-    amp.install()
-    collectives.install()
-    parallel.install()
+    collectives.forget_groups()
+    for name in PATCHES:
+        patching.install(name)

@@ -12,10 +12,10 @@ refused here as NCCL refuses it. Groups the script asks gloo for keep gloo's con
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ..patching import arguments, patch
 from .state import ordinal
 
 
@@ -79,18 +79,24 @@ def _flat(tensor: Any) -> Any:
     return tensor.view(-1) if tensor.is_contiguous() else tensor
 
 
-def _all_gather(original: dict[str, Any], tensor_list: list, tensor: Any, group: Any = None,
-                async_op: bool = False) -> Any:
+# Each adapter takes the originals by name and the call's arguments by parameter name (as the original binds
+# them), and passes on what it does not read: a parameter a release adds reaches torch untouched.
+Call = dict[str, Any]
+
+
+def _all_gather(original: dict[str, Any], call: Call) -> Any:
+    tensor_list, tensor = call["tensor_list"], call["tensor"]
     _contiguous(tensor)
     if all(t.shape == tensor.shape for t in tensor_list):
-        return original["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+        return original["all_gather"](**call)
     if len({t.numel() for t in tensor_list}) == 1 and tensor_list[0].numel() == tensor.numel():
-        shaped = tensor.reshape(tensor_list[0].shape)  # NCCL gathers elements into a flat, stacked buffer
-        return original["all_gather"](tensor_list, shaped, group=group, async_op=async_op)
-    return _uneven_all_gather(original, tensor_list, tensor, group, async_op)
+        # NCCL gathers elements into a flat, stacked buffer
+        return original["all_gather"](**dict(call, tensor=tensor.reshape(tensor_list[0].shape)))
+    return _uneven_all_gather(original, tensor_list, tensor, call.get("group"), bool(call.get("async_op")))
 
 
-def _uneven_all_gather(original: dict[str, Any], tensor_list: list, tensor: Any, group: Any, async_op: bool) -> Any:
+def _uneven_all_gather(original: dict[str, Any], tensor_list: list[Any], tensor: Any, group: Any,
+                       async_op: bool) -> Any:
     """Outputs of different sizes: NCCL broadcasts each rank's input into that rank's output, one by one."""
     import torch.distributed.distributed_c10d as c10d
 
@@ -104,25 +110,23 @@ def _uneven_all_gather(original: dict[str, Any], tensor_list: list, tensor: Any,
     return _Completed() if async_op else None
 
 
-def _all_gather_into_tensor(original: dict[str, Any], output_tensor: Any, input_tensor: Any, group: Any = None,
-                            async_op: bool = False) -> Any:
-    _contiguous(output_tensor, input_tensor)
-    world = _group_size(group)
-    if output_tensor.numel() != input_tensor.numel() * world:
-        raise ValueError("output tensor size must be equal to world_size times input tensor size")
-    return original["all_gather_into_tensor"](_flat(output_tensor), _flat(input_tensor), group=group,
-                                              async_op=async_op)
-
-
-def _reduce_scatter_tensor(original: dict[str, Any], output: Any, input: Any, op: Any = None, group: Any = None,
-                           async_op: bool = False) -> Any:
+def _all_gather_into_tensor(original: dict[str, Any], call: Call) -> Any:
+    output, input = call["output_tensor"], call["input_tensor"]
     _contiguous(output, input)
-    world = _group_size(group)
-    if input.numel() != output.numel() * world:
+    if output.numel() != input.numel() * _group_size(call.get("group")):
+        raise ValueError("output tensor size must be equal to world_size times input tensor size")
+    return original["all_gather_into_tensor"](**dict(call, output_tensor=_flat(output), input_tensor=_flat(input)))
+
+
+def _reduce_scatter_tensor(original: dict[str, Any], call: Call) -> Any:
+    output, input = call["output"], call["input"]
+    _contiguous(output, input)
+    if input.numel() != output.numel() * _group_size(call.get("group")):
         raise ValueError("input tensor must be the same size as output size times world size")
-    op = _premultiplied(op, input)
-    kwargs = {} if op is None else {"op": op}
-    return original["reduce_scatter_tensor"](_flat(output), _flat(input), group=group, async_op=async_op, **kwargs)
+    call = dict(call, output=_flat(output), input=_flat(input))
+    if call.get("op") is not None:
+        call["op"] = _premultiplied(call["op"], input)
+    return original["reduce_scatter_tensor"](**call)
 
 
 def _group_size(group: Any) -> int:
@@ -142,56 +146,47 @@ def _premultiplied(op: Any, tensor: Any) -> Any:
     return dist.ReduceOp.SUM
 
 
-def _reducing(name: str, original: dict[str, Any]) -> Any:
+def _reducing(name: str, original: dict[str, Any], call: Call) -> Any:
     """all_reduce / reduce: NCCL's contiguity check and PREMUL_SUM; the rest as gloo does it."""
-
-    def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        _contiguous(tensor)
-        if "op" in kwargs:
-            kwargs["op"] = _premultiplied(kwargs["op"], tensor)
-        elif args and name == "all_reduce":
-            args = (_premultiplied(args[0], tensor),) + args[1:]
-        return original[name](tensor, *args, **kwargs)
-
-    return call
+    _contiguous(call["tensor"])
+    if call.get("op") is not None:
+        call = dict(call, op=_premultiplied(call["op"], call["tensor"]))
+    return original[name](**call)
 
 
-def _checked(name: str, original: dict[str, Any]) -> Any:
+def _checked(name: str, original: dict[str, Any], call: Call) -> Any:
     """Collectives NCCL takes as gloo does, but only for contiguous tensors."""
+    import torch
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        _contiguous(*(a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)))
-        return original[name](*args, **kwargs)
-
-    return call
+    _contiguous(*(a for a in call.values() if isinstance(a, torch.Tensor)))
+    return original[name](**call)
 
 
-ADAPTED: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "all_gather": lambda original: functools.partial(_all_gather, original),
-    "all_gather_into_tensor": lambda original: functools.partial(_all_gather_into_tensor, original),
-    "reduce_scatter_tensor": lambda original: functools.partial(_reduce_scatter_tensor, original),
-    "all_reduce": lambda original: _reducing("all_reduce", original),
-    "reduce": lambda original: _reducing("reduce", original),
+ADAPTED: dict[str, Callable[[dict[str, Any], Call], Any]] = {
+    "all_gather": _all_gather,
+    "all_gather_into_tensor": _all_gather_into_tensor,
+    "reduce_scatter_tensor": _reduce_scatter_tensor,
+    "all_reduce": functools.partial(_reducing, "all_reduce"),
+    "reduce": functools.partial(_reducing, "reduce"),
     **{name: functools.partial(_checked, name) for name in ("broadcast", "send", "recv", "isend", "irecv",
                                                                "all_to_all_single")},
 }
+# what each adapter reads by name (meshsim.compat.patching checks them against the installed torch)
+READS = {"all_gather": ("tensor_list", "tensor", "group", "async_op"),
+         "all_gather_into_tensor": ("output_tensor", "input_tensor", "group"),
+         "reduce_scatter_tensor": ("output", "input", "op", "group"),
+         "all_reduce": ("tensor", "op", "group"), "reduce": ("tensor", "op", "group")}
 
 
 def _nccl_semantics(name: str, original: dict[str, Any]) -> Any:
     plain = original[name]
-    adapted = ADAPTED[name](original)
-    parameters = list(inspect.signature(plain).parameters)
-    position = parameters.index("group") if "group" in parameters else None
+    adapted = ADAPTED[name]
 
     @functools.wraps(plain)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        group = kwargs.get("group")
-        if group is None and position is not None and len(args) > position:
-            group = args[position]
-        if is_nccl(group):
-            return adapted(*args, **kwargs)
+        call = arguments(plain, args, kwargs)
+        if is_nccl(call.get("group")):
+            return adapted(original, call)
         return plain(*args, **kwargs)
 
     return collective
@@ -203,28 +198,43 @@ def _translate(backend: Any) -> Any:
     return backend
 
 
-def _patch_group_creation(dist: Any, c10d: Any) -> None:
-    original_init = c10d.init_process_group
+C10D = "torch.distributed.distributed_c10d"
+DDP = "torch.nn.parallel.DistributedDataParallel"
+
+
+@patch("nccl.groups", "NCCL's groups on gloo (a script that asks for nccl, as on GPU hosts)",
+       targets=(f"{C10D}.init_process_group", f"{C10D}.new_group", f"{C10D}.is_nccl_available",
+                "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
+                "torch.distributed.device_mesh.get_backend"),
+       needs={f"{C10D}.init_process_group": ("backend", "device_id"), f"{C10D}.new_group": ("backend",)},
+       optional=("torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
+                 "torch.distributed.device_mesh.get_backend"))
+def _patch_group_creation() -> None:
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
+    import torch.distributed.distributed_c10d as c10d
+
+    original_init, original_new = c10d.init_process_group, c10d.new_group
 
     @functools.wraps(original_init)
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-        device_id = kwargs.pop("device_id", None)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        call = arguments(original_init, args, kwargs)
+        device_id = call.pop("device_id", None)
         if device_id is not None:
             _check_device_id(device_id)  # as torch checks it; binding a group to a GPU is NCCL's own business
-        _Groups.nccl_world = _asks_nccl(backend) is not False
+        _Groups.nccl_world = _asks_nccl(call.get("backend")) is not False
         _Groups.gloo = set()
-        result = original_init(_translate(backend), *args, **kwargs)
+        result = original_init(**dict(call, backend=_translate(call.get("backend"))))
         _Groups.kept.append(c10d._get_default_group())
         return result
 
-    original_new = c10d.new_group
-
     @functools.wraps(original_new)
     def new_group(*args: Any, **kwargs: Any) -> Any:
-        asked = _asks_nccl(kwargs.get("backend"))
-        if "backend" in kwargs:
-            kwargs["backend"] = None if asked else kwargs["backend"]
-        group = original_new(*args, **kwargs)
+        call = arguments(original_new, args, kwargs)
+        asked = _asks_nccl(call.get("backend"))
+        if asked:
+            call["backend"] = None
+        group = original_new(**call)
         _Groups.kept.append(group)
         if asked is False and group is not None and group is not c10d.GroupMember.NON_GROUP_MEMBER:
             _Groups.gloo.add(str(group.group_name))
@@ -232,7 +242,6 @@ def _patch_group_creation(dist: Any, c10d: Any) -> None:
 
     c10d.init_process_group = dist.init_process_group = init_process_group
     c10d.new_group = dist.new_group = new_group
-    import torch.distributed.device_mesh as device_mesh
 
     def mesh_get_backend(group: Any = None) -> Any:
         """What DeviceMesh asks to decide whether the world group can serve a whole-world dim: on NCCL it can
@@ -262,7 +271,15 @@ def _check_device_id(device_id: Any) -> None:
                              f"number of accelerators available: {torch.accelerator.device_count()}.") from None
 
 
-def _patch_premul(dist: Any, c10d: Any) -> None:
+@patch("nccl.premul-sum", "NCCL's PREMUL_SUM reduce op", targets=("torch.distributed._make_nccl_premul_sum",),
+       optional=("torch.distributed._make_nccl_premul_sum",))
+def _patch_premul() -> None:
+    import torch.distributed
+    import torch.distributed.distributed_c10d
+
+    dist: Any = torch.distributed
+    c10d: Any = torch.distributed.distributed_c10d
+
     if getattr(dist, "_make_nccl_premul_sum", None) is None:
         return
 
@@ -274,6 +291,8 @@ def _patch_premul(dist: Any, c10d: Any) -> None:
     c10d._make_nccl_premul_sum = dist._make_nccl_premul_sum = make_premul_sum
 
 
+@patch("nccl.ddp-devices", "DDP(module, device_ids=[i]) as GPU scripts write it",
+       targets=(f"{DDP}.__init__",), needs={f"{DDP}.__init__": ("module", "device_ids", "output_device")})
 def _patch_ddp() -> None:
     """DDP(module, device_ids=[i], output_device=i) as GPU scripts write it: the module lives in CPU memory here,
     and DDP takes device ids only for modules on GPUs, so they are checked as CUDA would and then dropped."""
@@ -282,26 +301,32 @@ def _patch_ddp() -> None:
     original = DistributedDataParallel.__init__
 
     @functools.wraps(original)
-    def init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
-             **kwargs: Any) -> None:
-        for device in list(device_ids or []) + ([output_device] if output_device is not None else []):
-            ordinal(device)
-        original(self, module, None, None, *args, **kwargs)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        call = arguments(original, (self, *args), kwargs)
+        for device in list(call.get("device_ids") or []) + [call.get("output_device")]:
+            if device is not None:
+                ordinal(device)
+        original(**dict(call, device_ids=None, output_device=None))
 
     setattr(DistributedDataParallel, "__init__", init)  # noqa: B010 -- mypy refuses assigning a method
 
 
-def install() -> None:
+@patch("nccl.collectives", "NCCL's element-counting contract, contiguity check and PREMUL_SUM on gloo",
+       targets=tuple(f"{C10D}.{name}" for name in ADAPTED), needs={f"{C10D}.{n}": r for n, r in READS.items()})
+def _nccl_collectives() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    _Groups.nccl_world, _Groups.gloo, _Groups.premul = False, set(), {}
-    _patch_group_creation(dist, c10d)
-    _patch_premul(dist, c10d)
-    _patch_ddp()
     original = {name: getattr(c10d, name) for name in list(ADAPTED) + ["broadcast"]}
     for name in ADAPTED:
         wrapped = _nccl_semantics(name, original)
         if getattr(dist, name, None) is original[name]:
             setattr(dist, name, wrapped)
         setattr(c10d, name, wrapped)
+
+
+PATCHES = ("nccl.groups", "nccl.premul-sum", "nccl.ddp-devices", "nccl.collectives")
+
+
+def forget_groups() -> None:
+    _Groups.nccl_world, _Groups.gloo, _Groups.premul = False, set(), {}

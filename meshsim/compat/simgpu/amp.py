@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..patching import patch
 
+
+@patch("simgpu.amp", "autocast(\"cuda\") as real mixed precision on the CPU",
+       targets=("torch.amp.autocast_mode.autocast.__enter__", "torch.amp.autocast_mode.autocast.__exit__",
+                "torch.cuda.amp.common.amp_definitely_not_available"))
 def install() -> None:
     import torch
     from torch.amp.autocast_mode import autocast

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..patching import patch
 from .state import initialize, is_gpu, ordinal
 
 _LIBRARIES: list = []  # the torch.library registrations live as long as the rank
@@ -190,6 +191,10 @@ def _ordinal_mode() -> Any:
     return Ordinals()
 
 
+@patch("simgpu.placement", "tensors for a simulated GPU placed in CPU memory, whoever allocates them",
+       targets=("torch.Tensor.to", "torch.Tensor.cuda", "torch.Tensor.type", "torch.Tensor.pin_memory",
+                "torch._C._nn._parse_to", "torch.serialization._package_registry", "torch.UntypedStorage.cuda",
+                "torch.TypedStorage.cuda", "torch.overrides.TorchFunctionMode"))
 def install() -> None:
     _register_kernels()
     _patch_tensor_methods()

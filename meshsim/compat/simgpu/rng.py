@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+from ..patching import patch
 from .state import State, ordinal
 
 DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val: every CUDA generator starts from it
@@ -114,6 +115,10 @@ def _region(original: Any) -> Any:
     return region
 
 
+@patch("simgpu.rng", "CUDA's (seed, offset) generators, which DTensor's random ops follow",
+       targets=("torch.cuda.manual_seed", "torch.cuda.get_rng_state",
+                "torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region"),
+       needs={"torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region": ("spec", "generator")})
 def install() -> None:
     import torch
 

@@ -1,0 +1,188 @@
+"""Where a rank is: live progress events, emitted *before* every call that can block.
+
+A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
+group creation announces itself first (meshsim.core.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
+MeshBuilt). The followers that make torch announce them are patches of torch, in meshsim.compat.follow.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from ..core.wire import RECVS, SENDS, Batch, CallBegun, CallDone, CallReturned
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single",
+    "all_gather_coalesced", "all_reduce_coalesced", "broadcast", "broadcast_object_list", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "gather", "gather_object", "scatter", "scatter_object_list", *SENDS, *RECVS,
+)
+
+
+class Progress:
+    """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
+
+    def __init__(self, send: Callable[[Any], None]):
+        self._send = send
+        self._lock = threading.Lock()
+        self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
+        self.in_plan = False  # inside a plan every blocking call is announced: "returned" can wait for the next
+        self._returned = False
+        self.seq: dict[str, int] = {}
+        self.group_info: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, name)
+        self.mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
+        # the handle of a call in flight (id of its Work, or the storage of a functional collective's output)
+        # -> its (group, seq), and back
+        self.works: dict[Any, tuple[str, int]] = {}
+        self.in_flight: dict[tuple[str, int], Any] = {}
+        self.last_asked: dict[str, tuple[int, Any]] = {}  # group name -> (id of the mesh, dim) that named it last
+
+    def forget_groups(self) -> None:
+        """Drop cached group descriptions (ids of destroyed groups get reused)."""
+        self.group_info.clear()
+        self.mesh_dims.clear()
+        self.last_asked.clear()
+
+    def emit(self, event: Any) -> None:
+        with self._lock:
+            if self._returned:
+                self._returned = False
+                event = Batch((CallReturned(), event))
+            self._send(event)
+
+    def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
+             context: tuple | None = None) -> tuple[str, int]:
+        n = self.seq.get(group, 0)
+        self.seq[group] = n + 1
+        # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
+        # the members' call sequences of a group by it, to tell a skipped call from a late one).
+        site = None if self.in_plan else user_site()
+        context = context or self.context or self.mesh_dims.get(group)
+        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes))
+        return group, n
+
+    def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
+        self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc),
+                            None if self.in_plan else user_site()))
+
+    def returned(self) -> None:
+        # Inside a plan the next message (a call, a step) always comes before the rank can block again, so
+        # "returned" rides with it: a third fewer messages. User code may block anywhere: it is told at once.
+        if self.in_plan:
+            self._returned = True
+        else:
+            self.emit(CallReturned())
+
+    def returned_handle(self, key: tuple[str, int], handle: Any, work: Any = None) -> None:
+        """The call returned a handle (a Work from async_op=True or isend; a functional collective's tensor): it
+        stays in flight until the Work's future completes or a wait on the handle returns (gloo's point-to-point
+        Works have no future). Said after "returned", so that a call that has completed already is not left in
+        flight."""
+        self._returned = False
+        self.emit(CallReturned(pending=True))
+        with self._lock:  # registered after it is said, and the callback after that: CallDone always comes last
+            self.in_flight[key] = handle
+            self.works[handle] = key
+        try:
+            future = work.get_future()
+        except Exception:  # no Work, or Work::getFuture not implemented (gloo's send and recv)
+            return
+        future.add_done_callback(lambda done: self.completed(key, _error_of(done)))
+
+    def completed(self, key: tuple[str, int], error: str | None = None) -> None:
+        """A call in flight completed (from the backend's thread, or a wait); said once."""
+        with self._lock:
+            if key not in self.in_flight:
+                return
+            work = self.in_flight.pop(key)
+            if self.works.get(work) == key:
+                del self.works[work]
+        self.emit(CallDone(key[0], key[1], error))
+
+    def failed(self, exc: BaseException) -> None:
+        """The call raised: the judge tells a rank whose collective failed because a peer left from the one
+        that left."""
+        self._returned = False
+        self.emit(CallReturned(f"{type(exc).__name__}: {exc}"[:500]))
+
+    def end_plan(self) -> None:
+        """The plan's result follows: a pending "returned" is moot (the rank has finished)."""
+        self.in_plan = self._returned = False
+
+
+def _error_of(future: Any) -> str | None:
+    try:
+        future.wait()  # completed already: returns at once, or raises what the call failed with
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return None
+
+
+def _plumbing() -> tuple[tuple[str, ...], str]:
+    """Where code that is not the user's lives: torch, meshsim (but for its example scripts), the standard library
+    and the packages that carry functions to the ranks."""
+    import sysconfig
+
+    import dill
+    import multiprocess
+    import torch
+
+    meshsim_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = [os.path.dirname(str(m.__file__)) for m in (torch, dill, multiprocess)]
+    dirs += [meshsim_dir, sysconfig.get_paths()["stdlib"]]
+    return tuple(d + os.sep for d in dirs), os.path.join(meshsim_dir, "examples") + os.sep
+
+
+_PLUMBING: tuple[tuple[str, ...], str] | None = None
+
+
+def user_site() -> str | None:
+    """The innermost frame of the user's own code: "train.py:42" (None: the call came from no user code)."""
+    global _PLUMBING
+    if _PLUMBING is None:
+        _PLUMBING = _plumbing()
+    plumbing, examples = _PLUMBING
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(examples) or not (path.startswith(plumbing) or path.startswith("<frozen")):
+            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def tensor_sizes(args: tuple[Any, ...]) -> str | None:
+    """The tensors a collective was given (its first argument: a tensor, or a list of them), as "float32[2, 4]":
+    members that pass other sizes to one collective are a hang, or wrong values, on gloo."""
+    first = args[0] if args else None
+    tensors = first if isinstance(first, (list, tuple)) else [first]
+    shown = []
+    for t in tensors[:4]:
+        shape, dtype = getattr(t, "shape", None), getattr(t, "dtype", None)
+        if shape is None or dtype is None:
+            return None
+        shown.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}")
+    return ",".join(shown) + (",..." if len(tensors) > 4 else "")
+
+
+_default: Progress | None = None  # the process's rank
+_local = threading.local()  # a thread's rank, where ranks are threads (meshsim.run.threads)
+
+
+def current() -> Progress:
+    """The progress of the rank running on this thread (install() has run: every hook that asks is installed)."""
+    found = getattr(_local, "progress", None) or _default
+    assert found is not None, "meshsim's progress hooks ran before install()"
+    return found
+
+
+def bind_thread(progress: Progress) -> None:
+    """This thread is a rank of its own: its calls report to `progress` (install() must have run)."""
+    _local.progress = progress
+
+

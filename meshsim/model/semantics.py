@@ -1,0 +1,60 @@
+"""What torch does differently from one release to the next, named once, each with the releases it holds on.
+
+The model follows the release the ranks run (meshsim.spec.platform.Platform.release): an operation a release
+lacks is refused before a run ("needs torch >= 2.10; this is 2.9.1") and never drawn; a behaviour that changed
+is predicted as the running release behaves. A torch newer than any meshsim knows gets the newest semantics,
+and every report says so (meshsim.core.releases.beyond_known). Each rule's releases were measured, by running
+its scenario on each release (docs/torch-releases.md).
+
+What torch *chooses* (which placement a sharding strategy propagates) is not a rule here: the judge checks
+what torch must do, and reports a choice other than the model's as a change (meshsim.model.choices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.releases import Release, text
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    says: str  # what torch does where the rule holds
+    since: Release | None = None  # the first release it holds on (None: every release meshsim knows)
+    until: Release | None = None  # the first release it no longer holds on (None: still holds)
+
+    def holds(self, release: Release) -> bool:
+        return (self.since is None or release >= self.since) and (self.until is None or release < self.until)
+
+    def releases(self) -> str:
+        low = f">= {text(self.since)}" if self.since else ""
+        high = f"< {text(self.until)}" if self.until else ""
+        return ", ".join(part for part in (low, high) if part) or "every release"
+
+
+RULES: dict[str, Rule] = {r.id: r for r in (
+    Rule("mesh-layout", "DeviceMesh rests on _MeshLayout: _unflatten, _concatenate, _get_all_submeshes and the "
+         "layout algebra exist", since=(2, 10, 0)),
+    Rule("shard-to-partial", "redistribute takes Shard -> Partial(sum) (the shard, zero elsewhere); before, "
+         "\"redistributing to Partial is for internal use only\"", since=(2, 14, 0)),
+    Rule("preserve-rank-order", "DeviceMesh(..., preserve_rank_order=True) keeps each dim's group in mesh order, "
+         "so the group rank is the mesh coordinate; the meshes derived from it inherit it", since=(2, 15, 0)),
+    Rule("mesh-abort", "DeviceMesh.abort() aborts a root mesh's process groups", since=(2, 15, 0)),
+)}
+
+
+def holds(rule: str, release: Release) -> bool:
+    return RULES[rule].holds(release)
+
+
+def needs(rule: str, release: Release) -> str | None:
+    """Why a release cannot run what needs `rule` ("needs torch >= 2.10; this is 2.9.1"), or None when it can."""
+    found = RULES[rule]
+    if found.holds(release):
+        return None
+    if found.since is not None and release < found.since:
+        wanted = f">= {text(found.since)}"
+    else:
+        wanted = f"< {text(found.until or release)}"
+    return f"needs torch {wanted}; this is {text(release)} ({found.says.split(':')[0]})"

@@ -38,7 +38,7 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
     """Run `plan` on the executor's ranks and judge what they observed against the model."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
-    validate(plan, executor.world, executor.platform.release)
+    validate(plan, executor.world, executor.platform)
     deadline = deadlines.checked(_default_deadline(executor) if deadline is None else deadline)
     found: list[Prediction] = [prediction] if prediction is not None else []
 

@@ -20,9 +20,11 @@ def test_every_patch_fits_the_installed_torch(name):
 
 
 def test_every_patch_installs_on_the_installed_torch_in_a_fresh_process():
-    code = ("from meshsim.compat import follow, progress, simgpu, patching\n"
+    code = ("from meshsim.compat import follow, progress, simgpu, patching, tiers\n"
             "simgpu.install(4)\n"
             "follow.install(progress.Progress(lambda event: None))\n"
+            "patching.install('fake.skip-non-member-groups', lambda: 0)\n"
+            "patching.install('threaded.reduce-scatter-max-min')\n"
             "print(sorted(patching.PATCHES))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

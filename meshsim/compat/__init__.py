@@ -6,6 +6,7 @@
   creation announce itself before it can block;
 - simgpu/: simulated GPUs (devices, placement, RNG, autocast, FSDP and DTensor on them) and NCCL's contract
   over gloo (simgpu/collectives.py);
+- tiers.py: what a tier's transport needs (the fake tier's group creation, the threaded group's reduce ops);
 - api.py: what meshsim calls in torch that a release may lack or spell otherwise.
 
 A patch that does not fit is found before any rank runs user code (`check`), as one CompatError naming the
@@ -23,7 +24,7 @@ __all__ = ["PATCHES", "CompatError", "Patch", "beyond_known", "check", "problems
 
 def registered() -> dict[str, Patch]:
     """Every patch meshsim has, by name (importing the modules that define them registers them)."""
-    from . import follow, simgpu  # noqa: F401
+    from . import follow, simgpu, tiers  # noqa: F401
 
     return dict(PATCHES)
 

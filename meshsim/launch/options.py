@@ -185,9 +185,10 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
         gpus_per_host=gpus if gpus != ranks else None,
         run_id=_run_id(ns, hosts), role=ns.role,
         redirects=ns.redirects, tee=ns.tee, local_ranks_filter=_local_ranks(ns.local_ranks_filter),
-        duplicate_stdout_filters=tuple(f for f in ns.duplicate_stdout_filters if f),
-        duplicate_stderr_filters=tuple(f for f in ns.duplicate_stderr_filters if f),
-        logs_specs=ns.logs_specs, virtual_local_rank=bool(ns.virtual_local_rank), start_timeout=start_timeout)
+        duplicate_stdout_filters=_since_2_10(ns, "duplicate_stdout_filters"),
+        duplicate_stderr_filters=_since_2_10(ns, "duplicate_stderr_filters"),
+        logs_specs=ns.logs_specs, virtual_local_rank=bool(getattr(ns, "virtual_local_rank", False)),
+        start_timeout=start_timeout)
     deadline = deadlines.checked(ns.deadline)
     return LaunchRequest(ns.training_script, bool(ns.module), list(ns.training_script_args), Topology(hosts, ranks),
                          deadline, ns.log_dir, options, bool(ns.groups), tuple(notes))
@@ -277,3 +278,8 @@ def _run_id(ns: argparse.Namespace, hosts: int) -> str:
                          hosts == 1):
         return str(uuid.uuid4())
     return str(ns.rdzv_id)
+
+
+def _since_2_10(ns: argparse.Namespace, flag: str) -> tuple[str, ...]:
+    """A filter flag torchrun's parser has from 2.10 on (an older torchrun has no such flag: nothing to filter)."""
+    return tuple(f for f in getattr(ns, flag, None) or () if f)

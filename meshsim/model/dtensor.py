@@ -56,6 +56,7 @@ MERGED = "dtensor-merged-collective-on-flattened-mesh"
 CONTRADICTED = "from-group-groups-contradict-mesh"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 INDEXED_DEVICE = "dtensor-indexed-device-type"  # a mesh of device type "cpu:0": strategies that price a move fail
+NOT_CONTIGUOUS = "dtensor-local-not-contiguous"  # torch < 2.10 leaves an unpadded gather a view
 
 
 class SizeMismatch(Exception):
@@ -301,6 +302,18 @@ def group_rank_order(geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> l
     return sorted(geo.line(rank, dims))
 
 
+@dataclass(frozen=True)
+class TorchOrder:
+    """The order torch's collectives follow (`order`), and what its release does besides: whether it copies an
+    unpadded gather (2.10 on; before, Shard -> Replicate left a non-contiguous view)."""
+
+    order: Callable[[Geometry, int, Any], list[int]]
+    copies_unpadded: bool = True
+
+    def __call__(self, geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> list[int]:
+        return self.order(geo, rank, dims)
+
+
 # --------------------------------------------------------------------------------------------- the engine
 
 
@@ -308,12 +321,14 @@ def normalize(placements: list[Placement], ndim: int) -> list[Placement]:
     return [("S", p[1] + ndim) if p[0] == "S" and p[1] < 0 else p for p in placements]
 
 
-def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: int) -> None:
-    """What distribute_tensor / from_local / redistribute refuse before any communication."""
+def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: int, mixed_refused: bool = True
+                     ) -> None:
+    """What distribute_tensor / from_local / redistribute refuse before any communication. `mixed_refused`: the
+    release refuses Partials of different reduce ops (meshsim.model.semantics: mixed-partials-refused)."""
     if len(placements) != mesh_ndim:
         raise ModelRaise(Err("ValueError", "`placements` must have the same length as `device_mesh.ndim`"))
     ops = {p[1] for p in placements if p[0] == "P"}
-    if len(ops) > 1 and ops != {"sum", "avg"}:  # sum and avg commute: torch allows that pair
+    if mixed_refused and len(ops) > 1 and ops != {"sum", "avg"}:  # sum and avg commute: torch allows that pair
         raise ModelRaise(Err("ValueError", "Mixed Partial reduce types are not supported"))
     for p in placements:
         if p[0] == "S" and not 0 <= p[1] < tensor_ndim:
@@ -489,6 +504,7 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
                  beliefs: dict[int, tuple[int, ...]] | None = None) -> dict[int, Block]:
     """DTensor.redistribute's communication, every member at once: `moves` (default: dim by dim, torch's greedy
     plan). `beliefs`: each member's own global shape where members disagree on it (from_local inferred it)."""
+    copies = getattr(order, "copies_unpadded", True)  # torch < 2.10 leaves an unpadded gather a view
     for move in moves if moves is not None else plain_moves(src, dst, geo.shape):
         if math.prod(geo.shape[d] for d in move.dims) == 1 or move.current == move.target:
             continue
@@ -497,7 +513,7 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
                    for r in geo.flat}
         memo: dict[Any, Any] = {}  # what members of one group share (their padded blocks), computed once
         locals_ = {r: _transform(locals_, order(geo, r, move.dims), r, geo.line(r, move.dims).index(r), move,
-                                 logical, memo) for r in geo.flat}
+                                 logical, memo, copies) for r in geo.flat}
     return locals_
 
 
@@ -518,10 +534,10 @@ def sent_shape(block: tuple[int, ...], move: Move, logical: tuple[int, ...], k: 
 
 
 def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int, move: Move,
-               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None) -> Block:
+               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None, copies: bool = True) -> Block:
     """Rank r's block after one move: `members` in the order the collective follows, `coord` r's index along the
     move's dims in coordinate order, `logical` every member's logical shape; `memo` keeps what the members of
-    one group compute alike (one dict per move)."""
+    one group compute alike (one dict per move); `copies`: an unpadded gather is copied (contiguous)."""
     current, target = move.current, move.target
     k, mine, kind = len(members), locals_[r], comm_kind(move)
     memo = {} if memo is None else memo
@@ -540,7 +556,8 @@ def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int
         a, size = current[1], logical[r][current[1]]
         if ("gathered", group, size) not in memo:
             padded = [_pad_to(locals_[m], a, size, k) for m in members]
-            memo[("gathered", group, size)] = made_contiguous(narrow(cat(padded, a), a, 0, size))  # 2.13 copies
+            gathered = narrow(cat(padded, a), a, 0, size)
+            memo[("gathered", group, size)] = made_contiguous(gathered) if copies else gathered
         return cast(Block, memo[("gathered", group, size)])
     if target[0] == "S" and current[0] == "R":
         return select_chunk(mine, target[1], k, coord)
@@ -560,8 +577,21 @@ def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int
         return _all_to_all(locals_, members, r, coord, current[1], target[1], logical[r])
     if target[0] == "P" and current[0] == "R":
         return scale(mine, k) if target[1] == "sum" else mine
+    if target == ("P", "sum") and current[0] == "S":  # torch >= 2.14: the shard in place, zeros elsewhere
+        return _zero_filled(mine, current[1], logical[r][current[1]], k, coord)
     raise ModelRaise(Err("RuntimeError", f"redistribute from {placement_text(current)} to "
                                          f"{placement_text(target)} not supported"))
+
+
+def _zero_filled(b: Block, dim: int, logical_size: int, k: int, coord: int) -> Block:
+    """Shard._to_partial_tensor: the local shard at its offset in a zero tensor of the logical size along dim."""
+    start, length = chunk_bounds(logical_size, k)[coord]
+    outer, _, inner = b.split3(dim)
+
+    def zeros(n: int) -> Block:
+        return Block(b.shape[:dim] + (n,) + b.shape[dim + 1:], (0.0,) * (outer * n * inner))
+
+    return cat([zeros(start), b, zeros(logical_size - start - length)], dim)
 
 
 def _pad_to(b: Block, dim: int, logical_size: int, k: int) -> Block:

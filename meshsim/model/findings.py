@@ -73,8 +73,29 @@ REGISTRY: dict[str, Finding] = {
             "distribute_tensor and (since the fix for pytorch/pytorch#173041) Shard -> Replicate make the unpadded "
             "local tensor contiguous, but Shard(a) -> Shard(b) (all_to_all) and Partial -> Shard(b) (reduce_scatter) "
             "with b > 0 and uneven sizes still unpad with narrow() and return the view: .view() on it fails. "
-            "A known class (#173041, #143748); these two paths are not named on the trackers.",
+            "A known class (#173041, #143748); these two paths are not named on the trackers. Before torch 2.10, "
+            "Shard -> Replicate (full_tensor) left the view too.",
             since="2.9.0",
+        ),
+        Finding(
+            "flatten-outside-the-mesh-fails",
+            "_flatten() raises UnboundLocalError on a rank outside the mesh",
+            "torch-wrong",
+            "_MeshEnv.create_flatten_mesh builds a DeviceMesh for every group of the flattened dim and keeps the one "
+            "holding the current rank; a rank in none of them (a mesh smaller than the world) reaches "
+            "`res_flattened_mesh` unassigned. Right: a mesh that does not hold the rank, as every other mesh "
+            "operation returns (coordinate None). Fixed by the layout rewrite of 2.10.",
+            since="2.4.0", until="2.10.0", verified_on=("2.9.1",),
+        ),
+        Finding(
+            "dtensor-sum-linear-over-other-partials",
+            "torch.sum of a DTensor that is Partial(max|min|avg) sums the partial values: wrong results, silently",
+            "torch-wrong",
+            "The reduction strategy treats sum as linear over any Partial, so a Partial(max) input stays Partial "
+            "(max) and each rank sums its own unreduced values: full_tensor() is the max of the ranks' sums, not "
+            "the sum of the tensor. Right: reduce that Partial first (torch 2.10 replicates it, 2.14 picks the "
+            "cheapest legal placement).",
+            since="2.9.0", until="2.10.0", verified_on=("2.9.1", "2.10.0"),
         ),
         Finding(
             "dtensor-merged-collective-on-flattened-mesh",

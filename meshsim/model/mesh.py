@@ -15,15 +15,18 @@ from typing import Any, TypeVar
 from ..spec.platform import CPU, Platform
 from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
+from .semantics import holds
 
 T = TypeVar("T")
 
 WORLD_KEY = ("world",)
+FLATTEN_OUTSIDE = "flatten-outside-the-mesh-fails"
 
 
 @dataclass(frozen=True)
 class Group:
-    """A process group: `ranks` in torch's group-rank order (sorted), `order` in mesh order."""
+    """A process group: `ranks` in torch's group-rank order (sorted; mesh order on a mesh built with
+    preserve_rank_order), `order` in mesh order."""
 
     key: tuple[Any, ...]  # identity shared by every member: ("world",) or (creation counter, ranks)
     ranks: tuple[int, ...]
@@ -65,6 +68,8 @@ class MeshModel:
     creation_quirk: Quirk | None = None  # torch built it although it should have refused
     device: str = "cpu"
     backend_ready: bool = True  # False: built with _init_backend=False and never given groups
+    preserve: bool = False  # preserve_rank_order (2.15): each dim's group in mesh order; derived meshes inherit it
+    platform: Platform = CPU  # the torch it lives in (what its DTensors' steps do follows its release)
 
     @property
     def root_mesh(self) -> MeshModel:
@@ -87,7 +92,7 @@ class MeshModel:
     def same_as(self, other: MeshModel) -> bool:
         """torch's DeviceMesh.__eq__ (and its hash key): same rank map, layout, device type and names."""
         return (self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
-                and self.device == other.device)
+                and self.device == other.device and self.preserve == other.preserve)
 
 
 class RankModel:
@@ -140,12 +145,14 @@ class RankModel:
             return None
         return self._create(members, tuple(order) if order is not None else members)
 
-    def _create(self, members: tuple[int, ...], order: tuple[int, ...], desc: str = "undefined") -> Group:
-        """A valid group this rank is a member of (members sorted): the next name, and a blocking call."""
+    def _create(self, members: tuple[int, ...], order: tuple[int, ...], desc: str = "undefined",
+                preserve: bool = False) -> Group:
+        """A valid group this rank is a member of (members sorted): the next name, and a blocking call; its group
+        ranks in mesh order where the mesh preserves it (new_group(sort_ranks=False))."""
         key = (self.group_counter, members)
         self.group_counter += 1
         self.calls.append(Call("create", key, members, self.step, (desc,)))
-        return Group(key, members, order, desc)
+        return Group(key, order if preserve else members, order, desc)
 
     def collective(self, op: str, group: Group, detail: tuple[Any, ...] = ()) -> None:
         n = self.seq.get(group.key, 0)
@@ -153,7 +160,7 @@ class RankModel:
         self.calls.append(Call(op, group.key + (n,), group.ranks, self.step, detail, self.context))
 
     def _init_process_groups(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
-                             forced: tuple[bool, ...] = ()) -> list[Group]:
+                             forced: tuple[bool, ...] = (), preserve: bool = False) -> list[Group]:
         """DeviceMesh._init_process_groups: one group per replica of every dim, in mesh order. `forced`: the dims
         with a backend_override, which get new groups even where the dim spans the world."""
         found: list[Group | None] = []
@@ -161,19 +168,21 @@ class RankModel:
             if names and index >= len(names):
                 raise ModelRaise(Err("IndexError", "tuple index out of range"))
             found.append(self._init_one_group(dim, rank_map, f"mesh_{names[index] if names else f'dim_{index}'}",
-                                              index < len(forced) and forced[index]))
+                                              index < len(forced) and forced[index], preserve))
         present = [g for g in found if g is not None]
         if present and len(present) != len(found):
             raise ModelRaise(Err("AssertionError", ""))
         return present
 
-    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str, forced: bool = False) -> Group | None:
+    def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str, forced: bool = False,
+                        preserve: bool = False) -> Group | None:
         """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
         mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
         groups, and the first invalid group, where new_group raises); the others only advance the counter."""
         info = self.dim_info(dim, rank_map)
-        if info.spans_world and not forced:
-            # A dim spanning the world reuses the default group (whatever order the mesh gives it).
+        if info.spans_world and not forced and not (preserve and info.order(0) != self.world_group.ranks):
+            # A dim spanning the world reuses the default group (whatever order the mesh gives it, unless the
+            # mesh preserves its order).
             return Group(WORLD_KEY, self.world_group.ranks, info.order(0), self.world_group.desc)
         start = self.group_counter
         bad = info.first_invalid
@@ -182,7 +191,7 @@ class RankModel:
             if bad is not None and index >= bad[0]:
                 break
             self.group_counter = start + index
-            group = self._create(info.ranks(index), info.order(index), desc)
+            group = self._create(info.ranks(index), info.order(index), desc, preserve)
             self.dim_groups.add(id(group.ranks))
             if L.is_plan_map(rank_map):  # the same groups on every rank: one kind (else each group is its own)
                 kind = self.kinds[group.key] = (start, dim, id(rank_map))
@@ -200,21 +209,26 @@ class RankModel:
 
     def construct(self, layout: L.Layout, rank_map: tuple[int, ...], names: tuple[str, ...] | None,
                   root: MeshModel | None, init_backend: bool, device: str | None = None,
-                  as_rank: int | None = None, forced: tuple[bool, ...] = ()) -> MeshModel:
-        """DeviceMesh.__init__ with a layout over a rank map (device: the root's, else the platform's)."""
+                  as_rank: int | None = None, forced: tuple[bool, ...] = (), preserve: bool | None = None
+                  ) -> MeshModel:
+        """DeviceMesh.__init__ with a layout over a rank map (device: the root's, else the platform's; preserve:
+        preserve_rank_order, a derived mesh's the root's)."""
         if not L.is_orthogonal(L.collapse(layout)):
             raise ModelRaise(Err("AssertionError", "Please use a non-overlapping layout"))
         device = device or (root.device if root is not None else self.platform.device)
+        preserve = root.root_mesh.preserve if preserve is None and root is not None else bool(preserve)
         mesh = MeshModel(layout, rank_map, tuple(names) if names else None, root, self.rank, device=device,
-                         backend_ready=init_backend)
+                         backend_ready=init_backend, preserve=preserve, platform=self.platform)
         if init_backend:
             numel = math.prod(L.sizes_of(layout))
             if numel > self.world:
                 raise ModelRaise(Err("RuntimeError", f"Mesh should not be bigger than default world size {self.world}"))
             if device == "cuda" and not self.platform.cuda:
-                raise ModelRaise(Err(None, "cuda"))  # DeviceMesh sets the rank's CUDA device, and there is none
+                # DeviceMesh sets the rank's CUDA device, and there is none: a CPU build says "Torch not compiled
+                # with CUDA enabled", a CUDA build "Found no NVIDIA driver on your system"
+                raise ModelRaise(Err(None, "NVIDIA driver" if self.platform.cuda_build else "cuda"))
             self.meshes.append((self.step, L.sizes_of(layout), mesh.names, L.shared_flat_ranks(layout, rank_map)))
-            mesh.groups = self._init_process_groups(layout, rank_map, mesh.names, forced)
+            mesh.groups = self._init_process_groups(layout, rank_map, mesh.names, forced, preserve)
         mesh.view, mesh.coordinate = self._placed(layout, rank_map, self.rank if as_rank is None else as_rank)
         if isinstance(mesh.view, Err):
             raise ModelRaise(mesh.view)  # __init__ reads the mesh property to find this rank's coordinate
@@ -258,20 +272,23 @@ class RankModel:
                               device, forced=forced)
 
     def explicit(self, ranks_flat: list[int], shape: tuple[int, ...], names: list[str] | None,
-                 init_backend: bool = True, device: str | None = None, as_rank: int | None = None) -> MeshModel:
-        """DeviceMesh(device_type, mesh=<nested ranks>)."""
+                 init_backend: bool = True, device: str | None = None, as_rank: int | None = None,
+                 preserve: bool = False) -> MeshModel:
+        """DeviceMesh(device_type, mesh=<nested ranks>, preserve_rank_order=preserve)."""
         names_t = tuple(names) if names else None
         flat = tuple(ranks_flat)
         repeated = L._shared("repeated", (), flat, lambda: len(set(flat)) != len(flat))
         bad_names = names_t is not None and (len(set(names_t)) != len(names_t) or len(names_t) != len(shape))
         if not (repeated or bad_names):
-            return self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank)
+            return self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank,
+                                  preserve=preserve)
         # torch accepts both; the right answer is to reject them on every rank.
         finding = "repeated-rank-accepted" if repeated else "devicemesh-names-unchecked"
         self.findings.add(finding)
         right = Err(None, "")
         try:
-            mesh = self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank)
+            mesh = self.construct(L.row_major(shape), flat, names_t, None, init_backend, device, as_rank,
+                                  preserve=preserve)
         except ModelRaise as exc:
             raise ModelRaise(Quirk(right, exc.err, finding)) from None
         mesh.creation_quirk = Quirk(right, None, finding)
@@ -302,7 +319,9 @@ class RankModel:
                                    Err("KeyError", "Mesh dim indices should be in ascending order"),
                                    "slice-order-docstring"))
         if not L.is_orthogonal(merged):
-            raise ModelRaise(Err("RuntimeError", "Slicing overlapping dim_names"))
+            overlap = holds("slice-overlap-error", self.platform)
+            raise ModelRaise(Err("RuntimeError", "Slicing overlapping dim_names") if overlap else
+                             Err("KeyError", "Invalid mesh_dim_names"))
         groups: list[Group] = []
         if not mesh.backend_ready:
             raise ModelRaise(Err("AttributeError", "_dim_group_names"))
@@ -325,20 +344,25 @@ class RankModel:
         if not mesh.names:
             raise ModelRaise(Err("RuntimeError", "Cannot flatten a DeviceMesh without mesh_dim_names"))
         name = name or "_".join(mesh.names)
-        if mesh.ndim == 1 and name in mesh.names:
+        by_layout = holds("flatten-by-layout", self.platform)
+        if by_layout and mesh.ndim == 1 and name in mesh.names:
             return mesh
         root = mesh.root_mesh
         if root.names is None:
             raise ModelRaise(Err("TypeError", "Invariant encountered"))
         if name in root.names:
-            raise ModelRaise(Err("ValueError", "already exists for submesh of the"))
+            raise ModelRaise(Err("ValueError" if holds("flatten-clash-valueerror", self.platform) else "RuntimeError",
+                                 "already exists for submesh of the"))
         flat = (L.collapse(mesh.layout),)
         existing = root.flatten_mapping.get(name)
         if existing is not None:
-            if existing.layout == flat:
+            if existing.layout == flat or not by_layout:  # torch < 2.10 hands back the first mesh of a name
                 return existing
             raise ModelRaise(Err("ValueError", "has been created before"))
         result = self.construct(flat, root.rank_map, (name,), root, True, forced=(override,))
+        if result.coordinate is None and not by_layout:  # torch < 2.10 fails on a rank outside the mesh
+            self.findings.add(FLATTEN_OUTSIDE)
+            raise ModelRaise(Quirk(summary(result), Err("UnboundLocalError", "res_flattened_mesh"), FLATTEN_OUTSIDE))
         root.flatten_mapping[name] = result
         return result
 
@@ -386,7 +410,7 @@ class RankModel:
             self.findings.add("unflatten-negative-dim")
             raise ModelRaise(Quirk(right, exc.err, "unflatten-negative-dim")) from None
         if mesh.backend_ready:  # torch makes the new dims' groups only when the mesh has groups
-            new_groups = self._init_process_groups(parts, root.rank_map, tuple(names), forced)
+            new_groups = self._init_process_groups(parts, root.rank_map, tuple(names), forced, root.preserve)
             groups = list(mesh.groups)
             groups[index:index + 1] = new_groups
             result.given(groups)
@@ -423,7 +447,7 @@ class RankModel:
             groups.extend(m.groups)
             if m.rank_map != first_map:
                 raise ModelRaise(Err("RuntimeError",
-                                     "Cannot concatenate DeviceMeshes derived from different device meshs"))
+                                     "Cannot concatenate DeviceMeshes derived from different device mesh"))
         if not L.is_orthogonal(L.collapse(tuple(axes))):
             raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
         result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False).given(groups)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.releases import Release, text
+from ..spec.platform import Platform
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,25 @@ class Rule:
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("mesh-layout", "DeviceMesh rests on _MeshLayout: _unflatten, _concatenate, _get_all_submeshes and the "
          "layout algebra exist", since=(2, 10, 0)),
+    Rule("slice-overlap-error", "slicing a dim twice raises RuntimeError \"Slicing overlapping dim_names\"; "
+         "before, KeyError \"Invalid mesh_dim_names\"", since=(2, 10, 0)),
+    Rule("flatten-clash-valueerror", "flattening under a root dim's name raises ValueError; before, RuntimeError",
+         since=(2, 10, 0)),
+    Rule("flatten-by-layout", "_flatten reads the layout: a 1-D mesh flattened under its own name is itself, a name "
+         "flattened before with another layout is refused; before, names alone decided (the first mesh of a name "
+         "came back; a 1-D mesh's own name was a clash; a rank outside the mesh failed: finding "
+         "flatten-outside-the-mesh-fails)", since=(2, 10, 0)),
+    Rule("distribute-partial", "distribute_tensor places a Partial (the value on one rank, zeros elsewhere); "
+         "before, \"unsupported placements\"", since=(2, 10, 0)),
+    Rule("redistribute-keeps-partial", "redistribute to a Partial a dim already has is legal; before, any Partial "
+         "target raised \"Can not redistribute to Partial\"", since=(2, 10, 0)),
+    Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
+         "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
+    Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "
+         "(finding dtensor-local-not-contiguous)", since=(2, 10, 0)),
+    Rule("sum-reduces-other-partials", "torch.sum reduces a Partial of another op before it sums; before, it "
+         "summed the partial values (finding dtensor-sum-linear-over-other-partials)", since=(2, 10, 0)),
+    Rule("mesh-rank-keyword", "DeviceMesh(..., _rank=r) builds a mesh as rank r sees it", since=(2, 10, 0)),
     Rule("shard-to-partial", "redistribute takes Shard -> Partial(sum) (the shard, zero elsewhere); before, "
          "\"redistributing to Partial is for internal use only\"", since=(2, 14, 0)),
     Rule("preserve-rank-order", "DeviceMesh(..., preserve_rank_order=True) keeps each dim's group in mesh order, "
@@ -44,15 +64,20 @@ RULES: dict[str, Rule] = {r.id: r for r in (
 )}
 
 
-def holds(rule: str, release: Release) -> bool:
-    return RULES[rule].holds(release)
+def holds(rule: str, on: Platform | Release) -> bool:
+    """Whether `rule` holds on a platform's torch (or a release)."""
+    if isinstance(on, Platform):
+        forced = dict(on.forced)
+        return forced[rule] if rule in forced else RULES[rule].holds(on.release)
+    return RULES[rule].holds(on)
 
 
-def needs(rule: str, release: Release) -> str | None:
+def needs(rule: str, on: Platform | Release) -> str | None:
     """Why a release cannot run what needs `rule` ("needs torch >= 2.10; this is 2.9.1"), or None when it can."""
     found = RULES[rule]
-    if found.holds(release):
+    if holds(rule, on):
         return None
+    release = on.release if isinstance(on, Platform) else on
     if found.since is not None and release < found.since:
         wanted = f">= {text(found.since)}"
     else:

@@ -90,7 +90,7 @@ def draw_rooted_target(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: 
 
 def all_reduce_expected(model: Any, group: Any, numel: int) -> Any:
     model.collective("all_reduce", group, (numel,))
-    return [r for r in group.ranks if r < numel]
+    return sorted(r for r in group.ranks if r < numel)  # the indexes set to 1: the members, ascending
 
 
 def all_reduce_performed(ex: Any, group: Any, device: Any, numel: int) -> Any:

@@ -24,7 +24,7 @@ from ..spec.placements import (
     placement_text,
 )
 from ..spec.plan import step
-from .registry import operation, rarely
+from .registry import holds, operation, rarely
 
 
 class _Model:
@@ -114,7 +114,8 @@ def _derive(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry | D.Unsimula
     if key is None:
         return _simulated(prev, mesh, geo, shape, placements, sim)
     inputs = (prev.right, prev.torch) if prev is not None else ()
-    full = (key, tuple(geo.flat), geo.shape, mesh.layout, mesh.names, D.flattened_layouts(mesh),
+    full = (key, tuple(geo.flat), geo.shape, mesh.layout, mesh.names, mesh.root_mesh.preserve,
+            mesh.platform.release, D.flattened_layouts(mesh),
             D.contradicted(mesh, geo, mesh.rank), prev.finding if prev is not None else None)
     made = D.shared_sim(full, inputs, lambda: _simulated(prev, mesh, geo, shape, placements, sim))
     return D.DTensorModel(mesh, geo, shape, placements, made.right, made.torch, made.finding, made.beliefs)
@@ -128,24 +129,30 @@ def _simulated(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry, shape: t
     right = sim(geo, right_before, D.coordinate_order, None)
     test = D.flattened_dims(mesh)
     flat = _Flattened(test) if test is not None else None
-    scrambled = any(geo.scrambled(d) for d in range(len(geo.shape)))
+    # torch moves data in its groups' rank order: sorted, unless the mesh preserves its own (2.15)
+    preserved = mesh.root_mesh.preserve
+    scrambled = not preserved and any(geo.scrambled(d) for d in range(len(geo.shape)))
+    copies = holds("gather-unpad-copies", mesh.platform)
+    order = D.TorchOrder(D.coordinate_order if preserved else D.group_rank_order, copies)
     finding = prev.finding if prev is not None else D.FINDING
     torch: D.Blocks | None
     if D.contradicted(mesh, geo, mesh.rank):
         torch, finding = None, D.CONTRADICTED  # torch moves data along groups the model does not see
     elif prev is not None and torch_before is None:
         torch = None
-    elif not scrambled and flat is None and (prev is None or torch_before is right_before):
+    elif not scrambled and flat is None and copies and (prev is None or torch_before is right_before):
         torch = right
     else:
         try:
-            torch = sim(geo, torch_before, D.group_rank_order, flat)
+            torch = sim(geo, torch_before, order, flat)
         except _Unsimulated:
             torch = None
         if flat is not None and flat.used:
             finding = D.MERGED if not scrambled else D.FINDING
         elif scrambled:
             finding = D.FINDING
+        elif not copies:
+            finding = D.NOT_CONTIGUOUS
         if torch == right and (prev is None or torch_before is right_before):
             torch = right  # the same object: later steps need not simulate torch apart
     return D.DTensorModel(mesh, geo, shape, placements, right, torch, finding, beliefs)
@@ -169,7 +176,9 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     mesh = run.mesh(a["mesh"])
     shape = tuple(a["shape"])
     placements = placements_of(a, len(shape))
-    D.check_placements(placements, mesh.ndim, len(shape))
+    D.check_placements(placements, mesh.ndim, len(shape), holds("mixed-partials-refused", run.model.platform))
+    if any(p[0] == "P" for p in placements) and not holds("distribute-partial", run.model.platform):
+        raise ModelRaise(Err("RuntimeError", "Trying to distribute tensor with unsupported placements"))
     _groups_needed(mesh)
     geo = _geometry(mesh)
     _calls(run, mesh, [(d, D.distribute_comm(p)) for d, p in enumerate(placements)], "distribute")
@@ -247,12 +256,17 @@ def plain_tensor_seen_by(rank: int) -> Any:
     return seen
 
 
-def check_redistribute_target(dt: D.DTensorModel, target: list[tuple]) -> None:
-    """DTensor.redistribute refuses a new Partial first, then a placement list that does not fit."""
+def check_redistribute_target(run: Any, dt: D.DTensorModel, target: list[tuple]) -> None:
+    """DTensor.redistribute refuses a new Partial first (but Shard -> Partial(sum), from 2.14; and any Partial at
+    all before 2.10), then a placement list that does not fit."""
+    on = run.model.platform
     for current, wanted in zip(dt.placements, target):
-        if wanted[0] == "P" and current != wanted:
-            raise ModelRaise(Err("RuntimeError", "redistributing to Partial is for internal use only"))
-    D.check_placements(target, dt.mesh.ndim, len(dt.shape))
+        if wanted[0] == "P" and not holds("redistribute-keeps-partial", on):
+            raise ModelRaise(Err("RuntimeError", "Can not redistribute to Partial"))
+        if wanted[0] == "P" and current != wanted and not (
+                current[0] == "S" and wanted == ("P", "sum") and holds("shard-to-partial", on)):
+            raise ModelRaise(Err("RuntimeError", f"Can not redistribute from {placement_text(current)}"))
+    D.check_placements(target, dt.mesh.ndim, len(dt.shape), holds("mixed-partials-refused", on))
 
 
 def global_shape(local: tuple[int, ...], placements: list[tuple], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -272,7 +286,14 @@ def torch_observe(ex: Any, dt: Any) -> dict:
 
     local = dt.to_local()
     _, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
-    return local_observation(local.shape, ex.values_of(local), offset, [str(p) for p in dt.placements], dt.shape)
+    return local_observation(local.shape, ex.values_of(local), offset, [torch_placement_text(p) for p in dt.placements],
+                             dt.shape)
+
+
+def torch_placement_text(placement: Any) -> str:
+    """A torch placement as the plan language writes it: "P(max)" (torch < 2.10 prints a Partial as "P")."""
+    reduce_op = getattr(placement, "reduce_op", None) if placement.is_partial() else None
+    return f"P({reduce_op})" if reduce_op is not None else str(placement)
 
 
 def torch_plain_tensor(ex: Any, tensor: Any) -> dict:
@@ -401,7 +422,7 @@ class Redistribute:
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
         target = placements_of(a, len(dt.shape))
-        check_redistribute_target(dt, target)
+        check_redistribute_target(run, dt, target)
         return model_redistribute(run, dt, target)
 
     def torch(ex: Any, a: dict) -> Any:
@@ -467,7 +488,7 @@ class FromLocal:
         given = _from_local_inputs(run, source, a, geo)
         mine = given.right[run.model.rank]
         placements = placements_of(a, len(mine.shape))
-        D.check_placements(placements, mesh.ndim, len(mine.shape))
+        D.check_placements(placements, mesh.ndim, len(mine.shape), holds("mixed-partials-refused", run.model.platform))
         shape = tuple(a["shape"]) if "shape" in a else global_shape(mine.shape, placements, mesh.shape)
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
@@ -600,6 +621,9 @@ class Sum:
                 right_only = dataclasses.replace(right, torch=right.right).observation(run.model.rank)
                 raise ModelRaise(Quirk(right_only, Err("RuntimeError", "device_count"), D.INDEXED_DEVICE))
             dt = model_redistribute(run, dt, needed, "sum")
+            if not holds("sum-reduces-other-partials", run.model.platform):  # torch < 2.10 sums the partials
+                run.findings.add(SUM_OVER_PARTIALS)
+                return dataclasses.replace(_summed(run, dt, dim), torch=None, finding=SUM_OVER_PARTIALS)
         return _summed(run, dt, dim)
 
     def torch(ex: Any, a: dict) -> Any:
@@ -614,6 +638,9 @@ class Sum:
             return None
         ref, dt = held[-1] if draw(st.booleans()) else draw(st.sampled_from(held))  # often the newest
         return step("sum", tensor=ref, dim=draw(st.integers(0, len(dt.shape) - 1)), out=b.fresh("t"))
+
+
+SUM_OVER_PARTIALS = "dtensor-sum-linear-over-other-partials"
 
 
 def _summed(run: Any, dt: D.DTensorModel, dim: int) -> D.DTensorModel:

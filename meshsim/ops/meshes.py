@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ..spec import fields as F
 from ..spec.fields import PlanError, flatten_layout, layout_shape
 from ..spec.plan import restrict_view, step
-from .registry import operation, rarely
+from .registry import holds, operation, rarely
 
 # ------------------------------------------------------------------------------------------ drawing helpers
 
@@ -153,23 +153,33 @@ class InitDeviceMesh:
 
 
 @operation("mesh", "root", {"layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE, "init_backend": F.BOOL,
-                            "as_rank": F.GROUP_RANK}, ("layout",), F.PRODUCES_MESH, creates_groups=True)
+                            "as_rank": F.GROUP_RANK, "preserve_rank_order": F.BOOL}, ("layout",), F.PRODUCES_MESH,
+           creates_groups=True)
 class ExplicitMesh:
-    """DeviceMesh(device, layout, mesh_dim_names=names, _init_backend=init_backend, _rank=as_rank): explicit
-    ranks, any order, any subset (beyond the world too, when init_backend is false)"""
+    """DeviceMesh(device, layout, mesh_dim_names=names, _init_backend=init_backend, _rank=as_rank,
+    preserve_rank_order=...): explicit ranks, any order, any subset (beyond the world too, when init_backend is
+    false); preserve_rank_order (torch >= 2.15) keeps each dim's group in mesh order"""
 
     def model(run: Any, a: dict) -> Any:
         from ..model.layout import interned
 
         flat = interned(tuple(flatten_layout(a["layout"])))
         return run.model.explicit(flat, layout_shape(a["layout"]) or (), a.get("names"), a.get("init_backend", True),
-                                  a.get("device"), a.get("as_rank"))
+                                  a.get("device"), a.get("as_rank"), bool(a.get("preserve_rank_order")))
 
     def torch(ex: Any, a: dict) -> Any:
         from torch.distributed.device_mesh import DeviceMesh
 
+        # keywords a release may lack are passed only when the plan gives them (needs_of says which release)
+        given = {"_rank": a.get("as_rank"), "preserve_rank_order": a.get("preserve_rank_order")}
         return DeviceMesh(a.get("device", ex.device_type), a["layout"], mesh_dim_names=_tuple(a.get("names")),
-                          _init_backend=a.get("init_backend", True), _rank=a.get("as_rank"))
+                          _init_backend=a.get("init_backend", True),
+                          **{name: value for name, value in given.items() if value is not None})
+
+    def needs_of(a: Any) -> str | None:
+        if a.get("preserve_rank_order") is not None:
+            return "preserve-rank-order"
+        return "mesh-rank-keyword" if a.get("as_rank") is not None else None
 
     @st.composite
     def draw(draw: Any, b: Any, handle: Any, mesh: Any, allow_errors: bool, numel: int | None = None) -> Any:
@@ -183,7 +193,10 @@ class ExplicitMesh:
             return step("mesh", layout=layout, names=names, init_backend=False,
                         as_rank=draw(st.integers(0, b.world - 1)), out=b.fresh("m"))
         device = draw(st.sampled_from([None, None, b.device, f"{b.device}:0"]))
-        return step("mesh", layout=layout, names=names, device=device, out=b.fresh("m"))
+        preserve = draw(st.sampled_from([None, None, True, False])) if holds("preserve-rank-order", b.platform) \
+            else None
+        return step("mesh", layout=layout, names=names, device=device, preserve_rank_order=preserve,
+                    out=b.fresh("m"))
 
 
 # ------------------------------------------------------------------------------------------ derived meshes

@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..compat.api import mesh_dim_by_name, root_mesh, root_mesh_dim
 from ..core.wire import error_value
 from ..spec import fields as F
 from ..spec.plan import step
@@ -96,7 +97,7 @@ class Query:
 
         mesh, dim, what = ex.mesh(a["mesh"]), a.get("dim"), a["what"]
         if what == "dim_by_name":
-            return mesh._get_mesh_dim_by_name(dim)
+            return mesh_dim_by_name(mesh, dim)
         if what == "bound_device_id":
             bound = mesh.get_group(dim).bound_device_id
             return str(bound) if bound is not None else None
@@ -105,7 +106,7 @@ class Query:
         if what == "default_group":
             return mesh.get_group(dim) is dist.distributed_c10d._get_default_group()
         if what == "root_mesh_dim":
-            return mesh._get_root_mesh_dim()
+            return root_mesh_dim(mesh)
         if what == "device_type":
             return mesh.device_type
         if what == "current":
@@ -280,7 +281,7 @@ class RootMesh:
         return run.mesh(a["src"]).root_mesh
 
     def torch(ex: Any, a: dict) -> Any:
-        return ex.mesh(a["src"])._get_root_mesh()
+        return root_mesh(ex.mesh(a["src"]))
 
     def draw(b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
         return st.just(step("root_mesh", src=handle, out=b.fresh("r")))

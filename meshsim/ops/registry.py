@@ -30,10 +30,17 @@ class Operation:
     # the model predicts with what torch chose there (meshsim.model.choices)
     chooses: str | None = None
 
-    def available(self, release: tuple[int, int, int]) -> bool:
-        from ..model.semantics import holds  # (the ranks, which run the torch parts, never load the model)
+    # the rule a step's arguments need beyond the op's own (a keyword, a query a release lacks), or None
+    needs_of: Callable[[dict], str | None] = field(default=lambda args: None)
 
-        return self.needs is None or holds(self.needs, release)
+    def rule_for(self, args: dict | None = None) -> str | None:
+        """The rule of meshsim.model.semantics the release must hold to run this op with these arguments."""
+        return self.needs or (self.needs_of(args) if args is not None else None)
+
+    def available(self, on: Any, args: dict | None = None) -> bool:
+        """Whether the torch of `on` (a Platform, or a release) has this op with these arguments."""
+        rule = self.rule_for(args)
+        return rule is None or holds(rule, on)
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -48,7 +55,7 @@ def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, req
               ) -> Callable[[type], Operation]:
     """Register the class it decorates as operation `name`: its docstring is the op's doc, its functions
     `model`, `torch`, `draw` (and optionally `check_args`) are the parts; `chooses`, where it has one, the
-    observation key that is torch's choice."""
+    observation key that is torch's choice; `needs_of(args)`, where a keyword or a query needs a release."""
 
     def register(cls: type) -> Operation:
         missing = [part for part in PARTS if not callable(getattr(cls, part, None))]
@@ -62,11 +69,20 @@ def operation(name: str, role: str, fields: dict[str, F.Kind] | None = None, req
         parts = {part: getattr(cls, part) for part in PARTS}
         op = Operation(name, (cls.__doc__ or "").strip(), role, dict(fields or {}), required, produces,
                        creates_groups, parts["model"], parts["torch"], parts["draw"],
-                       getattr(cls, "check_args", lambda args: None), weight, needs, getattr(cls, "chooses", None))
+                       getattr(cls, "check_args", lambda args: None), weight, needs, getattr(cls, "chooses", None),
+                       getattr(cls, "needs_of", lambda args: None))
         OPERATIONS[name] = op
         return op
 
     return register
+
+
+def holds(rule: str, on: Any) -> bool:
+    """Whether a rule of meshsim.model.semantics holds on `on` (a Platform or a release): for the ops' model
+    parts (the ranks, which run the torch parts, never load the model)."""
+    from ..model.semantics import holds as rule_holds
+
+    return rule_holds(rule, on)
 
 
 def rarely(draw: Callable[..., Any], one_in: int) -> bool:

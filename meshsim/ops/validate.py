@@ -6,35 +6,42 @@ model's job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..core.releases import Release, installed
 from ..spec.fields import Context, PlanError
 from ..spec.plan import HANDLE, MAX_STEPS, Plan, Step
+from ..spec.platform import Platform
 from .registry import OPERATIONS
 
 
-def validate(plan: Plan, world: int | None = None, release: Release | None = None) -> Plan:
-    """Raise PlanError naming the first step that is malformed, or that the torch release (default: the installed
-    one) does not have; return the plan otherwise."""
+def validate(plan: Plan, world: int | None = None, on: Platform | Release | None = None) -> Plan:
+    """Raise PlanError naming the first step that is malformed, or that the torch of `on` (a Platform or a release;
+    default: the installed one) does not have; return the plan otherwise."""
     from ..model.semantics import needs  # (the ranks load the ops, and never the model)
 
-    release = installed() if release is None else release
+    release = installed() if on is None else on
     if len(plan.steps) > MAX_STEPS:
         raise PlanError(f"a plan has at most {MAX_STEPS} steps, this one {len(plan.steps)}")
     handles: dict[str, str] = {}  # handle -> what produced it
     for index, st in enumerate(plan.steps):
         try:
             _validate_step(st, handles, world)
-            rule = OPERATIONS[st.op].needs
-            missing = needs(rule, release) if rule is not None else None
-            if missing:
-                raise PlanError(missing)
+            _available(st, release, needs)
         except PlanError as exc:
             raise PlanError(f"step {index} ({st.op}): {exc}") from None
         if st.out is not None:
             handles[st.out] = OPERATIONS[st.op].produces or ""
     return plan
+
+
+def _available(st: Step, release: Platform | Release, needs: Callable[[str, Platform | Release], str | None]) -> None:
+    """Refuse a step the release lacks (its op, or a keyword or query it names): "needs torch >= 2.10.0; ..."."""
+    every = [dict(st.args)] + [st.args_for(r) for r in st.on_rank]
+    for rule in sorted({r for args in every if (r := OPERATIONS[st.op].rule_for(args)) is not None}):
+        missing = needs(rule, release)
+        if missing:
+            raise PlanError(missing)
 
 
 def _validate_step(st: Step, handles: dict[str, str], world: int | None) -> None:

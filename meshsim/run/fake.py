@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..compat import patching, tiers  # noqa: F401 -- importing tiers registers its patches
 from ..compat.progress import Progress
 from ..core import deadlines
 from ..core.errors import ClusterError
@@ -125,67 +126,6 @@ class FakeInterpreter(Interpreter):
         return UNMOVED  # torch's collective still ran (its argument checks are real); its result is meaningless
 
 
-def _skip_non_member_groups(rank_of: Callable[[], int]) -> None:
-    """DeviceMesh's groups of one dim: a valid group without this rank only advances torch's group counter, and
-    all of those are counted at once; new_group runs (torch's code) for the rank's own groups and the first invalid
-    one. The dims this does not cover (the whole world, a backend override, split_group) take torch's own path."""
-    import torch.distributed.device_mesh as dm
-    import torch.distributed.distributed_c10d as c10d
-
-    real = dm.DeviceMesh._init_one_process_group
-
-    def init_one_process_group(sub_layout: Any, rank_map: Any, dim_name: str, backend_override: Any) -> Any:
-        world = c10d._get_default_group().size()
-        if backend_override != (None, None):  # a backend named for a dim: here every group is a fake one too
-            backend, options = backend_override
-            return real(sub_layout, rank_map, dim_name, ("fake" if backend is not None else None, options))
-        if sub_layout.numel() == world:
-            return real(sub_layout, rank_map, dim_name, backend_override)
-        rows = dm._MeshLayout([sub_layout]).remap_to_tensor(rank_map)
-        bad = rows.size(0) if _distinct_in_world(rank_map, world) else _first_invalid(rows, world)
-        mine = (rows == rank_of()).any(dim=1).nonzero().flatten().tolist()
-        start, name = c10d._world.group_count, None
-        for index in [i for i in mine if i < bad] + ([bad] if bad < rows.size(0) else []):
-            c10d._world.group_count = start + index  # the groups before it only advanced the counter
-            group = dm.new_group(ranks=rows[index].tolist(), group_desc=f"mesh_{dim_name}")
-            if index in mine:
-                if name is not None:
-                    raise RuntimeError(f"Each device mesh dimension should get only one process group, but got "
-                                       f"{rank_of()} in {rows[index].tolist()}!")
-                name = group.group_name
-        c10d._world.group_count = start + rows.size(0)
-        return name
-
-    dm.DeviceMesh._init_one_process_group = staticmethod(init_one_process_group)  # type: ignore[method-assign]
-
-
-_checked_maps: dict[int, tuple[Any, bool]] = {}
-
-
-def _distinct_in_world(rank_map: Any, world: int) -> bool:
-    """Whether a mesh's ranks are distinct ranks of the world: then no group of its dims is invalid (its layout
-    does not overlap, which torch checks). Once per rank map, not once per dim."""
-    hit = _checked_maps.get(id(rank_map))
-    if hit is None or hit[0] is not rank_map:
-        n = rank_map.numel()
-        ok = n <= world and (n == 0 or (int(rank_map.min()) >= 0 and int(rank_map.max()) < world
-                                        and rank_map.unique().numel() == n))
-        _checked_maps.clear()
-        hit = _checked_maps[id(rank_map)] = (rank_map, ok)
-    return bool(hit[1])
-
-
-def _first_invalid(rows: Any, world: int) -> int:
-    """The first group (row) new_group refuses: repeated ranks, ranks outside the world, more ranks than it has."""
-    ordered = rows.sort(dim=1).values
-    invalid = (ordered[:, 0] < 0) | (ordered[:, -1] >= world)
-    if rows.size(1) > 1:
-        invalid |= (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
-    if rows.size(1) > world:
-        invalid[:] = True
-    return int(invalid.nonzero()[0, 0]) if bool(invalid.any()) else int(rows.size(0))
-
-
 def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     _die_with_parent()
     _watch_lifeline(lifeline)
@@ -203,7 +143,7 @@ def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     torch.set_num_threads(1)
     world = spec.hosts * spec.devices_per_host
     current = [0]
-    _skip_non_member_groups(lambda: current[0])
+    patching.install("fake.skip-non-member-groups", lambda: current[0])
     conn.send(Ready(os.getpid()))
 
     def run(message: RunRanks) -> None:

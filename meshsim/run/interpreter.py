@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from ..compat.api import clear_redistribute_plans, forget_meshes
 from ..compat.progress import Progress
 from ..core.wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value, tensor_values
 from ..ops import operation_of
@@ -30,14 +31,12 @@ def forget_dtensor_caches() -> None:
     """DTensor memoizes sharding decisions keyed by DeviceMesh equality, which ignores the process groups: the
     next plan's equal mesh would get specs that hold this plan's mesh and its destroyed groups ("Could not
     resolve the process group registered under the name 1"; Megatron-LM#7029 meets the same)."""
-    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
-
     # (not torch.distributed.tensor.debug's helper: importing it pulls in torch._inductor, seconds per rank)
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
     clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if clear_native is not None:
         clear_native()
-    clear_redistribute_planner_cache()
+    clear_redistribute_plans()
 
 
 class HandleError(LookupError):
@@ -77,12 +76,8 @@ class Interpreter:
         import torch.distributed.distributed_c10d as c10d
 
         forget_dtensor_caches()
-        for value in list(self.handles.values()):
-            for mesh in value if isinstance(value, list) else [value]:
-                if isinstance(mesh, DeviceMesh):
-                    root = mesh._get_root_mesh()
-                    root._flatten_mapping.clear()  # a reference cycle that keeps gloo groups alive
-                    root._pg_registry.clear()
+        held = [v for value in self.handles.values() for v in (value if isinstance(value, list) else [value])]
+        forget_meshes([mesh for mesh in held if isinstance(mesh, DeviceMesh)])
         self.handles.clear()
         for pg in list(c10d._world.pg_map):
             if pg not in baseline:

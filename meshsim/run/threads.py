@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..compat import patching, tiers  # noqa: F401 -- importing tiers registers its patches
 from ..core import deadlines
 from ..core.errors import ClusterError
 from ..core.record import RankState, RunRecord, RunStatus
@@ -98,7 +99,7 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         torch.set_num_threads(1)
         torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # names per thread
         _install_threaded_pg()
-        _reduce_scatter_max_and_min()
+        patching.install("threaded.reduce-scatter-max-min")
         store = dist.HashStore()
     except Exception as exc:  # this torch has no threaded process group
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
@@ -301,35 +302,3 @@ def _reported(host: Hosted, states: list[RankState], stuck: set[int]) -> set[int
     except (EOFError, OSError):
         pass  # the host is gone: what it had not sent is lost with it
     return stuck
-
-
-def _reduce_scatter_max_and_min() -> None:
-    """torch's threaded process group reduce-scatters only by sum and avg; DTensor's Partial(max|min) -> Shard
-    needs max and min. The threaded group is this tier's transport, not the code under test: teach it both."""
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed import multi_threaded_pg as threaded
-
-    def extreme(op: Any) -> Any:  # a ReduceOp compares equal to its enum value but does not hash like it
-        return torch.maximum if op == dist.ReduceOp.MAX else torch.minimum if op == dist.ReduceOp.MIN else None
-
-    class ReduceScatter(threaded.ReduceScatter):
-        def __init__(self, op: Any):
-            if extreme(op) is not None:
-                self.op = op
-            else:
-                super().__init__(op)
-
-        @torch.no_grad()
-        def work(self, data: Any) -> None:
-            pick = extreme(self.op)
-            if pick is None:
-                return super().work(data)
-            for i, (outputs, _) in enumerate(data):
-                chunks = [each[1][0][i].to(outputs[0].device) for each in data]
-                result = chunks[0]
-                for chunk in chunks[1:]:
-                    result = pick(result, chunk)
-                outputs[0].detach().copy_(result)
-
-    threaded.ReduceScatter = ReduceScatter  # type: ignore[misc]

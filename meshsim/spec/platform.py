@@ -18,6 +18,8 @@ class Platform:
     cuda: bool = False
     release: Release = field(default_factory=installed)
     cuda_build: bool = field(default_factory=cuda_build)
+    # rules of meshsim.model.semantics held (or not) whatever the release: how a rule's releases are measured
+    forced: tuple[tuple[str, bool], ...] = ()
 
 
 CPU = Platform()

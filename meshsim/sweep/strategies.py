@@ -23,6 +23,7 @@ from ..ops.dtensor import redistribute_targets, usable
 from ..ops.meshes import dim_names, mesh_shapes, rank_layouts, well_named  # noqa: F401 -- part of this module's API
 from ..spec.placements import placement_text
 from ..spec.plan import Plan, Step, step
+from ..spec.platform import Platform
 from ..spec.topology import Topology
 
 
@@ -36,13 +37,14 @@ def topologies(max_world: int = 16, max_hosts: int = 4, max_devices: int = 8) ->
 
 class _Builder:
     """A plan being drawn, with the model following rank 0 to know what each handle holds. `device`: the device
-    type the cluster's backend serves, the one an explicit `device=` names (cpu on gloo, cuda on NCCL)."""
+    type the cluster's backend serves, the one an explicit `device=` names (cpu on gloo, cuda on NCCL);
+    `platform`: the torch the ranks run (its release decides which operations exist)."""
 
-    def __init__(self, world: int, device: str = "cpu"):
+    def __init__(self, world: int, device: str = "cpu", platform: Platform | None = None):
         self.world = world
         self.device = device
-        self.run = RankRun(Plan(()), 0, world)
-        self.release = self.run.model.platform.release
+        self.run = RankRun(Plan(()), 0, world, platform or Platform())
+        self.platform = self.run.model.platform
         self.steps: list[Step] = []
         self.left_out: set[str] = set()  # handles of steps the release cannot run (meshsim.model.semantics)
         self.counter = 0
@@ -66,7 +68,8 @@ class _Builder:
         op the release lacks is left out, and so is every step that uses what it would have made."""
         names = [v for value in st_.args.values() for v in (value if isinstance(value, list) else [value])
                  if isinstance(v, str)]
-        if OPERATIONS[st_.op].available(self.release) and not any(n.split(".")[0] in self.left_out for n in names):
+        if OPERATIONS[st_.op].available(self.platform, dict(st_.args)) and \
+                not any(n.split(".")[0] in self.left_out for n in names):
             return True
         if st_.out:
             self.left_out.add(st_.out)
@@ -104,15 +107,16 @@ WEIGHTS = {**{op.name: op.weight for op in OPERATIONS.values() if op.weight}, "r
 
 @st.composite
 def plans(draw: Any, world: int, max_steps: int = 6, allow_errors: bool = True,
-          check_every_mesh: bool = False, root_numel: int | None = None, device: str = "cpu") -> Plan:
+          check_every_mesh: bool = False, root_numel: int | None = None, device: str = "cpu",
+          platform: Platform | None = None) -> Plan:
     """SPMD plans: a root mesh, then more roots, derived meshes, deep compositions, queries, collectives and
     checks that use earlier results.
 
     Each plan enables a random subset of the operations (swarm testing), so rare combinations get room.
     """
-    b = _Builder(world, device)
+    b = _Builder(world, device, platform)
     b.add(draw(root_steps(world, allow_errors, numel=root_numel, builder=b)))
-    names = sorted(n for n in WEIGHTS if n not in OPERATIONS or OPERATIONS[n].available(b.release))
+    names = sorted(n for n in WEIGHTS if n not in OPERATIONS or OPERATIONS[n].available(b.platform))
     enabled = draw(st.sets(st.sampled_from(names), min_size=1)) if draw(st.booleans()) else set(names)
     menu = [n for n in names if n in enabled for _ in range(WEIGHTS[n])]
     for _ in range(draw(st.integers(0, max_steps - 1))):

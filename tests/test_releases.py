@@ -1,0 +1,111 @@
+"""The model follows the torch release the ranks run (meshsim.model.semantics), tells torch's choices from what torch
+must do (meshsim.model.choices), and refuses, in one line, what a release lacks. Pure: no torch runs here."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshsim import Plan, step
+from meshsim.core.releases import KNOWN, parse, text
+from meshsim.model.expect import Err
+from meshsim.model.predict import predict
+from meshsim.model.semantics import RULES, holds, needs
+from meshsim.ops import validate
+from meshsim.spec.fields import PlanError
+from meshsim.spec.platform import Platform
+from meshsim.sweep.strategies import matrix_plans, plans
+
+OLDEST, NEWEST = Platform(release=(2, 9, 1)), Platform(release=(2, 15, 0))
+
+
+def observed(plan, platform, step_index, rank=0, world=8, **kwargs):
+    return predict(plan, world, platform=platform, **kwargs).expected(rank, step_index)
+
+
+def test_a_release_is_read_from_its_version_text_whatever_its_build():
+    assert parse("2.15.0+cu132") == (2, 15, 0) and parse("2.16.0a0+git1234") == (2, 16, 0)
+    assert text(parse("2.9")) == "2.9.0"
+    assert KNOWN[0] == (2, 9, 1) and KNOWN[-1] == (2, 15, 0)
+
+
+def test_a_step_a_release_lacks_is_refused_in_one_line_naming_both_releases():
+    plan = Plan((step("init_device_mesh", shape=[8], names=["a"], out="m"),
+                 step("unflatten", src="m", dim=0, sizes=[2, 4], names=["x", "y"], out="u")))
+    with pytest.raises(PlanError, match=r"^step 1 \(unflatten\): needs torch >= 2\.10\.0; this is 2\.9\.1"):
+        validate(plan, 8, OLDEST)
+    validate(plan, 8, Platform(release=(2, 10, 0)))
+
+
+def test_a_keyword_a_release_lacks_is_refused_too():
+    plan = Plan((step("mesh", layout=[[1, 0]], preserve_rank_order=True, out="m"),))
+    with pytest.raises(PlanError, match=r"needs torch >= 2\.15\.0; this is 2\.14\.1"):
+        validate(plan, 2, Platform(release=(2, 14, 1)))
+    validate(plan, 2, NEWEST)
+
+
+@given(data=st.data(), release=st.sampled_from(KNOWN))
+@settings(max_examples=40, deadline=None)
+def test_plans_drawn_for_a_release_use_only_what_it_has(data, release):
+    platform = Platform(release=release)
+    validate(data.draw(plans(8, platform=platform)), 8, platform)
+
+
+def test_the_matrix_plans_leave_out_what_the_installed_release_lacks_and_stay_valid():
+    for plan in matrix_plans(8):
+        validate(plan, 8)
+
+
+def test_every_rule_says_where_it_holds_and_a_forced_rule_wins_over_the_release():
+    for rule in RULES.values():
+        assert rule.since is not None or rule.until is not None, rule.id
+        assert holds(rule.id, Platform(release=(2, 15, 0), forced=((rule.id, False),))) is False
+    assert needs("mesh-layout", (2, 10, 0)) is None
+
+
+def test_torch_before_2_10_refuses_slicing_a_dim_twice_with_a_key_error_and_later_with_a_runtime_error():
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
+                 step("slice", src="m", names=["a", "a"], out="s")))
+    assert observed(plan, OLDEST, 1) == Err("KeyError", "Invalid mesh_dim_names")
+    assert observed(plan, NEWEST, 1) == Err("RuntimeError", "Slicing overlapping dim_names")
+
+
+def test_redistribute_to_a_partial_is_refused_before_2_10_kept_after_and_made_from_a_shard_from_2_14():
+    plan = Plan((step("init_device_mesh", shape=[8], names=["a"], out="m"),
+                 step("distribute", mesh="m", shape=[5], placements=["S(0)"], out="t"),
+                 step("redistribute", tensor="t", placements=["P(sum)"], out="p"),
+                 step("full_tensor", tensor="p")))
+    assert observed(plan, Platform(release=(2, 13, 0)), 2).type == "RuntimeError"
+    assert observed(plan, Platform(release=(2, 14, 1)), 2)["values"] == [0, 0, 0, 0, 0]  # rank 0's shard: 0
+    on_rank_1 = observed(plan, Platform(release=(2, 14, 1)), 2, rank=1)["values"]
+    assert on_rank_1 == [0, 1, 0, 0, 0]  # rank 1 holds element 1 of 5 over 8 ranks, zeros elsewhere
+    assert observed(plan, Platform(release=(2, 14, 1)), 3)["values"] == [0, 1, 2, 3, 4]  # the sum is the tensor
+
+
+def test_a_mesh_that_preserves_its_rank_order_has_groups_in_mesh_order_and_no_group_rank_order_finding():
+    layout = [[7, 6, 5, 4], [3, 2, 1, 0]]
+    preserved = Plan((step("mesh", layout=layout, names=["dp", "tp"], preserve_rank_order=True, out="m"),
+                      step("check", mesh="m")))
+    sorted_ = Plan((step("mesh", layout=layout, names=["dp", "tp"], out="m"), step("check", mesh="m")))
+    seen = observed(preserved, NEWEST, 1, rank=3)
+    assert seen["dims"][1]["local_rank"] == seen["coordinate"][1] == 0
+    assert seen["dims"][1]["all_gather"] == [3, 2, 1, 0]
+    assert "group-rank-order" not in predict(preserved, 8, platform=NEWEST).findings
+    assert "group-rank-order" in predict(sorted_, 8, platform=NEWEST).findings
+
+
+def test_a_sum_predicted_with_the_placements_torch_chose_keeps_the_global_value():
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
+                 step("from_local", mesh="m", local_shape=[2, 3], placements=["P(max)", "S(0)"], out="x"),
+                 step("sum", tensor="x", dim=0, out="s"),
+                 step("full_tensor", tensor="s")))
+    chose = {2: ["S(0)", "P(sum)"]}
+    assert observed(plan, NEWEST, 2)["placements"] == ["R", "R"]  # the model's own rule
+    assert observed(plan, NEWEST, 2, chosen=chose)["placements"] == ["S(0)", "P(sum)"]
+    assert observed(plan, NEWEST, 3, chosen=chose) == observed(plan, NEWEST, 3)  # the contract holds either way
+
+
+def test_a_choice_no_legal_strategy_can_make_is_not_followed():
+    plan = Plan((step("init_device_mesh", shape=[8], names=["a"], out="m"),
+                 step("distribute", mesh="m", shape=[8, 2], placements=["S(0)"], out="x"),
+                 step("sum", tensor="x", dim=0, out="s")))
+    assert observed(plan, NEWEST, 2, chosen={2: ["P(max)"]})["placements"] == ["P(sum)"]

@@ -111,8 +111,8 @@ def _marks(scenario: Scenario, done: Upgrade) -> list[int]:
         if st.expect_error or operation_of(st).role == "fault":
             continue
         marks.append(index)
-        done.changes.append(f"step {index} ({st.op}): expect_error = true (the model: it raises {error} on ranks "
-                            f"{ranks_text(ranks)})")
+        done.changes.append(f"step {index} ({st.op}): expect_error = true (the model says it raises on ranks "
+                            f"{ranks_text(ranks)}: {error})")
     return marks
 
 

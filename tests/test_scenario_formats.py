@@ -248,3 +248,13 @@ def test_in_a_0_2_file_a_step_that_raises_still_explains_a_run_that_fails_for_an
     assert cli.main(["run", str(path), "--tier", "model"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "outcome pass, expected hang" in out and "step 1 (all_reduce) raises" in out and "misspelt" in out
+
+
+def test_upgrade_rewrites_a_format_the_file_names_in_place(tmp_path):
+    path = tmp_path / "one.toml"
+    original = open(os.path.join(ROOT, "tests", "data", "scenarios-0.2", "probe-slice-unknown-name.toml")).read()
+    path.write_text("format = 1  # 0.2's rules, said out loud\n" + original)
+    assert load(path).format == 1
+    done = upgrade(path)
+    assert not done.whole and path.read_text().startswith("format = 2\n" + original.split("\n", 1)[0])
+    assert load(path).format == 2

@@ -206,8 +206,13 @@ def _edited(text: str, marks: list[int], sleeps: set[int], factor: float, kind: 
             line += "\n"
         out.append(line)
         out.extend(inserts.get(i, []))
-    top = next((i for i, line in enumerate(out) if line.strip() and not line.lstrip().startswith("#")), len(out))
-    out.insert(top, f"{formats.KEY} = {formats.CURRENT}\n")
+    first_table = next((i for i, line in enumerate(out) if _HEADER.match(line)), len(out))
+    named = [i for i in range(first_table) if re.match(rf"\s*{formats.KEY}\s*=", out[i])]  # format = 1, say
+    if named:
+        out[named[0]] = f"{formats.KEY} = {formats.CURRENT}\n"
+    else:
+        top = next((i for i, line in enumerate(out) if line.strip() and not line.lstrip().startswith("#")), len(out))
+        out.insert(top, f"{formats.KEY} = {formats.CURRENT}\n")
     return "".join(out)
 
 

@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("files", nargs="+", metavar="FILE")
     run.add_argument("--json", action="store_true", help="print results as JSON")
     run.add_argument("--no-stacks", action="store_true", help="leave Python stacks out of the text report")
+    run.add_argument("--upgrade", action="store_true",
+                     help="rewrite each file in the current scenario format instead (marking the steps the model "
+                          "says raise with expect_error = true); docs/scenarios.md")
     _cluster_options(run, deadline=None, what=f"default: each file's own deadline, else {SCENARIO_S:g}, more for "
                                               "more ranks on a tier")
     _tier_options(run)
@@ -191,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(rp)
 
     op = sub.add_parser("ops", help="the plan language: every operation and its fields (generated from meshsim.ops)")
-    op.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
+    op.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/plan-language.md")
 
     ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
     ex.add_argument("file", metavar="FILE")
@@ -352,6 +355,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .judge.report import progress_bar, render_diagnosis, render_result
     from .scenario.files import judge_scenario, load
 
+    if args.upgrade:
+        return _upgrade(args)
     scenarios = [load(path, deadline=args.deadline) for path in args.files]  # all valid before any runs
     out = make_console()
     runs = []
@@ -384,6 +389,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.matched for r in runs) else EXIT_FAIL
 
 
+def _upgrade(args: argparse.Namespace) -> int:
+    from .scenario.upgrade import upgrade_files
+
+    clusters: dict[Any, Any] = {}
+
+    def run(sc: Any) -> Any:  # only for a file whose kind of hang the model cannot name
+        if sc.topology not in clusters:
+            clusters[sc.topology] = _open(sc.topology, args, sc.on_tier(args.tier)).start()
+        return clusters[sc.topology].run(sc.plan, deadline=sc.on_tier(args.tier))
+
+    try:
+        return upgrade_files(args.files, run, args.json)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+
+
 def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis: Any, stacks: bool) -> None:
     sc, result = run.scenario, run.result
     mark = "[green]as expected[/]" if run.matched else "[red]NOT as expected[/]: " + escape("; ".join(run.problems))
@@ -396,6 +418,8 @@ def _print_scenario(out: Console, run: Any, render_result: Any, render_diagnosis
         out.print(f"   note: {note}", style="dim", markup=False, highlight=False)
     if result.diagnosis is not None:
         render_diagnosis(result.diagnosis, out, stacks=stacks)
+    for note in run.notes:
+        out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
 
 
 def cmd_findings(args: argparse.Namespace) -> int:

@@ -63,7 +63,7 @@ def test_a_sample_larger_than_the_world_is_refused(capsys):
 
 def test_a_scenario_that_ends_otherwise_names_the_step_whose_name_is_misspelt(tmp_path, capsys):
     path = tmp_path / "typo.toml"
-    path.write_text('[topology]\nhosts = 1\ndevices_per_host = 2\n'
+    path.write_text('format = 2\n[topology]\nhosts = 1\ndevices_per_host = 2\n'
                     '[[step]]\nop = "init_device_mesh"\nshape = [2]\nnames = ["tp"]\nout = "m"\n'
                     '[[step]]\nop = "all_reduce"\nmesh = "m"\ndim = "tpp"\nskip_on = [1]\n'
                     '[expect]\noutcome = "hang"\n')
@@ -73,9 +73,10 @@ def test_a_scenario_that_ends_otherwise_names_the_step_whose_name_is_misspelt(tm
 
 
 def test_a_scenario_that_passes_only_because_a_misspelt_name_raises_everywhere_does_not_pass(tmp_path, capsys):
-    # the model predicts torch's KeyError on every rank, so the run "agrees": the typo must still be named
+    # the model predicts torch's KeyError on every rank, so the run "agrees": the typo must still be named (format 2;
+    # a file without a format is read as 0.2 meant it, where that passed: tests/test_scenario_formats.py)
     path = tmp_path / "typo.toml"
-    path.write_text('[topology]\nhosts = 1\ndevices_per_host = 2\n'
+    path.write_text('format = 2\n[topology]\nhosts = 1\ndevices_per_host = 2\n'
                     '[[step]]\nop = "init_device_mesh"\nshape = [2]\nnames = ["tp"]\nout = "m"\n'
                     '[[step]]\nop = "all_reduce"\nmesh = "m"\ndim = "tpp"\n'
                     '[expect]\noutcome = "pass"\n')

@@ -35,6 +35,7 @@ def test_fuzz_finds_an_injected_bug_shrinks_it_and_saves_a_replayable_scenario(t
     assert "Minimal counterexample" in out.stdout and "local_rank" in out.stdout
     (saved,) = os.listdir(tmp_path)
     scenario = load(tmp_path / saved)
+    assert (tmp_path / saved).read_text().startswith("format = 2\n") and scenario.format == 2  # the current format
     assert len(scenario.plan.steps) <= 3  # shrunk: a mesh and a check (and at most one more step)
     assert meshsim_cli("run", str(tmp_path / saved), "--setup", "faults:wrong_local_rank").returncode == 1
     assert meshsim_cli("run", str(tmp_path / saved)).returncode == 0  # on sound torch it passes

@@ -32,7 +32,8 @@ from .validate import validate  # noqa: E402
 
 
 def reference_markdown() -> str:
-    """The plan language's reference, generated from the definitions (the README embeds it; a test keeps it equal)."""
+    """The plan language's reference, generated from the definitions (docs/plan-language.md embeds it; a test
+    keeps it equal)."""
     from ..spec.plan import STEP_KEYS
 
     lines = ["| op | what it does | fields (required in bold) |", "| --- | --- | --- |"]

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..scenario import formats
 from .analyze import DEAD, MISMATCH, STALLED, Analysis
 from .records import (
     COMPLETED,
@@ -129,7 +130,8 @@ def to_scenario(incident: Incident, analysis: Analysis, deadline: float = 10.0, 
     if sizes.scaled:
         replaced[f"tensor sizes above {BIG} elements are replayed as {BIG} + k (equal sizes stay equal, "
                  f"different ones stay different)"] = None
-    data = {"name": name or _name(incident),
+    data = {formats.KEY: formats.CURRENT,
+            "name": name or _name(incident),
             "description": _description(incident, analysis, list(replaced), list(left_out)),
             "deadline": float(deadline),
             "topology": _topology(incident),
@@ -465,7 +467,8 @@ def dumps(data: dict, comments: list[str | None] | None = None) -> str:
         escaped = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         return '"""\n' + escaped + '"""'
 
-    lines = [f"name = {value(data['name'])}", f"description = {block(data['description'])}",
+    lines = [f"{formats.KEY} = {formats.CURRENT}",  # the rules it is read by (meshsim.scenario.formats)
+             f"name = {value(data['name'])}", f"description = {block(data['description'])}",
              f"deadline = {value(data['deadline'])}", "", "[topology]"]
     lines += [f"{k} = {value(v)}" for k, v in data["topology"].items()]
     for index, step in enumerate(data["step"]):

@@ -1,4 +1,5 @@
-"""Scenario files: a topology, a plan, a deadline, and what must happen. TOML, see scenarios/."""
+"""Scenario files: a topology, a plan, a deadline, and what must happen. TOML, see scenarios/ and
+docs/scenarios.md; which rules a file is read by is its `format` (meshsim.scenario.formats)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from ..judge.diagnose import KINDS
 from ..ops import validate
 from ..spec.plan import Plan, PlanError
 from ..spec.topology import Topology, TopologyError
+from . import formats
 
 DEFAULT_DEADLINE = deadlines.SCENARIO_S
 MAX_FILE_BYTES = 1 << 20  # a scenario is a page of TOML, not a data file
 EXPECT_KEYS = ("outcome", "culprit_ranks", "kind", "mesh_dim", "findings")
-TOP_KEYS = ("name", "description", "deadline", "topology", "step", "expect")
+TOP_KEYS = (formats.KEY, "name", "description", "deadline", "topology", "step", "expect")
 
 
 class ScenarioError(InputError):
@@ -46,13 +48,16 @@ class Scenario:
     description: str = ""
     path: str = ""
     deadline_given: bool = True  # False: the file names none (DEFAULT_DEADLINE, grown for a larger tier: on_tier)
+    format: int = formats.CURRENT  # the rules it is read by (meshsim.scenario.formats)
 
     def on_tier(self, tier: str) -> float:
         """The deadline to run this scenario with on a tier: its own, or the default grown with the tier and world."""
         return self.deadline if self.deadline_given else deadlines.plan(tier, self.topology.world, self.deadline)
 
     def to_toml(self) -> str:
-        data: dict[str, Any] = {"name": self.name}
+        """The scenario in the current format, which it names first (whatever format it was read in: its plan and
+        [expect] are the same in both, once read)."""
+        data: dict[str, Any] = {formats.KEY: formats.CURRENT, "name": self.name}
         if self.description:
             data["description"] = self.description
         data["deadline"] = self.deadline
@@ -97,14 +102,20 @@ def load(path: str | Path, deadline: float | None = None) -> Scenario:
         raise ScenarioError(f"{path}: TOML nested too deeply") from None
     try:
         return parse(data, str(path), deadline)
-    except (PlanError, TopologyError, ScenarioError, deadlines.DeadlineError) as exc:
+    except (PlanError, TopologyError, ScenarioError, deadlines.DeadlineError, formats.FormatError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
 
 
 def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario:
+    """A scenario from its TOML table, read by the rules of the format it names (a deadline given here is taken
+    as it is: it is this meshsim's option, not the file's)."""
     unknown = set(data) - set(TOP_KEYS)
     if unknown:
         raise ScenarioError(f"unknown key {sorted(unknown)[0]!r} (a scenario has {', '.join(TOP_KEYS)})")
+    form = formats.of(data)
+    if form == formats.LEGACY and deadline is None and "deadline" in data:
+        own, factor = formats.legacy_deadline(data["deadline"])
+        data = {**data, "deadline": own, "step": formats.stretch_sleeps(data.get("step"), factor)}
     topo = data.get("topology")
     if not isinstance(topo, dict) or set(topo) - {"hosts", "devices_per_host"}:
         raise ScenarioError("needs [topology] with hosts and devices_per_host")
@@ -117,7 +128,7 @@ def parse(data: dict, path: str = "", deadline: float | None = None) -> Scenario
             raise ScenarioError(f"{key} must be a string, got {data[key]!r}")
     name = data.get("name") or Path(path).stem or "scenario"
     return Scenario(name, topology, plan, wait, expect, data.get("description", ""), path,
-                    deadline_given=deadline is not None or "deadline" in data)
+                    deadline_given=deadline is not None or "deadline" in data, format=form)
 
 
 def _expect(raw: Any, world: int) -> Expect:
@@ -157,20 +168,22 @@ class ScenarioRun:
     scenario: Scenario
     result: Any
     problems: list[str]
+    notes: list[str] = field(default_factory=list)  # what the report says besides: an older format's update hint
 
     @property
     def matched(self) -> bool:
         return not self.problems
 
     def to_json(self) -> dict:
-        out = {"scenario": self.scenario.name, "file": self.scenario.path, "matched": self.matched,
-               "problems": self.problems, "expected_outcome": self.scenario.expect.outcome}
+        out = {"scenario": self.scenario.name, "file": self.scenario.path, "format": self.scenario.format,
+               "matched": self.matched, "problems": self.problems, "notes": self.notes,
+               "expected_outcome": self.scenario.expect.outcome}
         out.update(self.result.to_json())
         return out
 
 
 def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
-    """Does the run end as the scenario says it must?"""
+    """Does the run end as the scenario says it must, read by the rules of its format?"""
     expect, problems = scenario.expect, []
     if result.outcome != expect.outcome:
         problems.append(f"outcome {result.outcome}, expected {expect.outcome}")
@@ -180,7 +193,8 @@ def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
     if expect.culprit_ranks is not None and result.outcome == expect.outcome:
         if tuple(result.culprits) != expect.culprit_ranks:
             problems.append(f"culprit ranks {list(result.culprits)}, expected {list(expect.culprit_ranks)}")
-    if expect.kind is not None and diagnosis is not None and diagnosis.kind != expect.kind:
+    if expect.kind is not None and diagnosis is not None and \
+            not formats.kind_matches(expect.kind, diagnosis.kind, scenario.format):
         problems.append(f"diagnosis kind {diagnosis.kind!r}, expected {expect.kind!r}")
     if expect.mesh_dim is not None and diagnosis is not None:
         dims = {w.mesh_dim for w in diagnosis.waits}
@@ -190,9 +204,12 @@ def judge_scenario(scenario: Scenario, result: Any) -> ScenarioRun:
         if fid not in result.findings:
             problems.append(f"finding {fid} was expected and not seen")
     # A step that raises where the file does not say it means it to is most often a typo, and it would make the
-    # scenario pass for the wrong reason: it is a problem on its own, not only an explanation of another.
-    problems.extend(_unmeant_errors(scenario, result))
-    return ScenarioRun(scenario, result, problems)
+    # scenario pass for the wrong reason: it is a problem on its own, not only an explanation of another. In
+    # format 1 (0.2's rules) a step that raises where torch and the model agree is fine: it only explains.
+    if scenario.format != formats.LEGACY or problems:
+        problems.extend(_unmeant_errors(scenario, result))
+    notes = [formats.hint(scenario.path, scenario.format)] if scenario.format != formats.CURRENT else []
+    return ScenarioRun(scenario, result, problems, notes)
 
 
 def _unmeant_errors(scenario: Scenario, result: Any) -> list[str]:

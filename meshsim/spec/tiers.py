@@ -22,7 +22,7 @@ class Capabilities:
     dtensor: bool = True  # DTensor steps run and are checked
     backends: tuple[str, ...] = ("gloo",)  # what backend= may name
     setup: bool = False  # a setup function on every rank of every generation
-    describe: str = ""  # what it is, for --help and the README
+    describe: str = ""  # what it is, for --help and docs/tiers.md
 
 
 TIERS: dict[str, Capabilities] = {

@@ -108,6 +108,7 @@ def scenario_item(scenario: Scenario, result: Any) -> Item:
     detail = "; ".join(run.problems) if run.problems else f"{result.outcome}"
     if run.problems:
         detail += "\n" + render_text(result)
+    detail += "".join(f"\nnote: {note}" for note in run.notes)
     findings = sorted(result.findings)
     return Item("scenario", scenario.name, run.matched, result.record.elapsed, detail,
                 {"outcome": result.outcome, "findings": findings,

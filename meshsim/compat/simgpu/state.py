@@ -23,7 +23,7 @@ def initialize() -> None:
 
 def refusal(api: str, why: str = "") -> SimulatedGPUError:
     reason = why or f"meshsim simulates GPUs in CPU memory and does not simulate {api}"
-    return SimulatedGPUError(f"{api}: {reason} (the README's 'Simulated GPUs' lists what is simulated)")
+    return SimulatedGPUError(f"{api}: {reason} (docs/launch.md's 'Simulated GPUs' lists what is simulated)")
 
 
 def refused(api: str, why: str = "") -> Any:

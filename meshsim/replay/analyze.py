@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..judge.blame import KINDS
+from ..core.outcome import KINDS
 from .records import FAILED, TIMED_OUT, Call, Incident, _ranks_text
 
 DEAD, STALLED, SKIPPED = KINDS["dead"], KINDS["straggler"], KINDS["skipped"]

@@ -51,6 +51,9 @@ class RankState:
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
     created_at: dict[str, Site] = field(default_factory=dict)  # group name -> where it was created (a line, a step)
+    # group name -> its place among the groups this rank is a member of, in creation order (1: its first after the
+    # default group; torch's pg_id): SPMD code calls its n-th group where its peers call theirs
+    group_index: dict[str, int] = field(default_factory=dict)
     # (step, shape, names, ranks) of each mesh it built the groups of
     meshes: list[tuple[Any, ...]] = field(default_factory=list)
     failed_in: CallBegun | None = None  # the call that raised on this rank (a peer that left makes it raise)
@@ -87,6 +90,8 @@ class RankState:
             self.groups_created += 1
             self.created[event.group] = tuple(event.ranks)
             self.created_at[event.group] = event.site if event.site is not None else self.step
+            if self.rank in event.ranks and event.group not in self.group_index:
+                self.group_index[event.group] = len(self.group_index) + 1
             if event.context and len(event.context) > 1 and event.context[1]:
                 self.created_as[event.group] = str(event.context[1])
         else:
@@ -210,6 +215,9 @@ class RunRecord:
     # the state of r's class; iterating gives one state per class, its representative's)
     classes: Any = None
     ended_at: float | None = None  # when the run was stopped, by the wall clock (meshsim.core.pace)
+    # calls the record cannot show, in words ("": it shows them all): gloo's Flight Recorder records no send or
+    # recv, so a replayed rank in no recorded call may wait in one rather than stall
+    unseen: str = ""
 
     @property
     def still_moving(self) -> bool:

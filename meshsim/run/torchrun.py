@@ -43,7 +43,8 @@ def under_torchrun() -> bool:
 # --------------------------------------------------------------------------------------------- progress
 
 _STATE_FIELDS = ("step", "op", "out", "call", "calls_on", "groups_created", "created", "meshes", "done",
-                 "end", "end_step", "failed_in", "failure", "created_as", "created_at", "completed", "done_times")
+                 "end", "end_step", "failed_in", "failure", "created_as", "created_at", "group_index", "completed",
+                 "done_times")
 
 
 def state_to_json(state: RankState) -> str:

@@ -72,7 +72,7 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
         found = creation_blame(states, held)
         found.causes = [Cause(r, found.kind, f"rank {r} {states[r].where}") for r in found.culprits]
         return found
-    return collectives_blame(states, held, set(divergent))
+    return collectives_blame(states, held, set(divergent), record.unseen)
 
 
 def _sizes_parted(states: list[RankState], died: list[int]) -> Blame | None:

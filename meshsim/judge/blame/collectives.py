@@ -15,17 +15,19 @@ from .parts import Reference, StateOrder
 from .siblings import by_siblings, ended_without, on_another_group
 
 
-def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int]) -> Blame:
+def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int],
+                      unseen: str = "") -> Blame:
     """For every member that a held rank waits for: why it is not in that call. It left or stalled (a culprit),
     it went past the call to one the others make after it (it skipped it: a culprit), or it is held up upstream
     (the wait goes on through it). Members that made another call at the same position disagree: the siblings
     (meshsim.judge.blame.siblings), else the group's majority, say who departs, unless a member skipped an
     earlier call of the group (then its partners completed mismatched calls: victims). With no cause at all,
     counts before order: ranks held in a call past the count their part's ranks made added it; then the waits
-    form a cycle (meshsim.judge.blame.cycles)."""
+    form a cycle (meshsim.judge.blame.cycles). `unseen`: calls the record cannot show (a rank in none of its
+    calls may wait in one of those: a candidate, not a straggler)."""
     order = StateOrder(states)
     ref = Reference(states, order.roles)
-    causes, upstream = _missing(states, order, held)
+    causes, upstream = _missing(states, order, held, unseen)
     # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
     distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
     for call in (distinct[k] for k in sorted(distinct)):
@@ -36,20 +38,21 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
                 if cause.kind == KINDS["skipped"] or cause.rank not in causes:
                     causes[cause.rank] = cause
-    if not _decided(causes) and upstream:
+    if not causes and upstream:  # (candidates explain waits too: no cycle where a rank may be elsewhere)
         causes.update(cycle_causes(states, order, held, upstream, divergent))
     causes.update(_added_at_the_end(states, ref, held, causes))
     if _decided(causes):
         causes.update(_skipped_behind(states, order, causes))
+        causes.update(_skipped_ahead(states, order, held, causes))
     on_another_group(states, ref, held, causes)
-    return _blamed(states, held, causes)
+    return _blamed(states, held, causes, unseen)
 
 
 def _decided(causes: dict[int, Cause]) -> bool:
     return any(not c.candidate for c in causes.values())
 
 
-def _blamed(states: list[RankState], held: dict[int, CallBegun], causes: dict[int, Cause]) -> Blame:
+def _blamed(states: list[RankState], held: dict[int, CallBegun], causes: dict[int, Cause], unseen: str) -> Blame:
     """The culprits, the most telling cause first; where the evidence cannot decide, no culprit and the
     candidates, each with its reason (never a set that mixes culprits and ranks that wait as they should)."""
     candidates = sorted((c for c in causes.values() if c.candidate), key=lambda c: c.rank)
@@ -58,8 +61,12 @@ def _blamed(states: list[RankState], held: dict[int, CallBegun], causes: dict[in
         raised = sorted(r for r in held if states[r].end == RAISED)
         if raised and not candidates:  # every member is in the call and it raised: the call failed on each
             return Blame(KINDS["raised"], raised)
-        note = (f"The evidence cannot decide between ranks {ranks_text([c.rank for c in candidates])}: each is "
-                "named with what it did, and none is blamed." if candidates else "")
+        note = ""
+        if candidates:
+            who = ranks_text([c.rank for c in candidates])
+            note = (f"The evidence cannot decide between ranks {who}, each named with what it did and none blamed"
+                    + (f" ({unseen})" if unseen else "") + f". The Python stacks of ranks {who} (py-spy dump) "
+                    "show where each is held and for which peer: that points at the cause.")
         return Blame(KINDS["unknown"], [], note, victims_of(states, held, []), [], candidates)
     ordered = sorted(decided.values(), key=lambda c: (_PRIORITY.index(c.kind), c.rank))
     culprits = sorted(decided)
@@ -67,7 +74,7 @@ def _blamed(states: list[RankState], held: dict[int, CallBegun], causes: dict[in
     return Blame(ordered[0].kind, culprits, ordered[0].text, victims, ordered, candidates)
 
 
-def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBegun]
+def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBegun], unseen: str
              ) -> tuple[dict[int, Cause], dict[int, set[int]]]:
     """Why each member a held rank waits for is not in its call; the members held up upstream, by waiting rank."""
     causes: dict[int, Cause] = {}
@@ -76,7 +83,7 @@ def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBeg
     for rank, call in sorted(held.items()):
         for m in _not_there(states, call):
             if (call.group, call.seq, m) not in why:
-                why[(call.group, call.seq, m)] = _why_missing(states, order, call, m)
+                why[(call.group, call.seq, m)] = _why_missing(states, order, call, m, unseen)
             cause = why[(call.group, call.seq, m)]
             if cause is not None:
                 # a skip is the root of what the rank did next (stall, leave): it wins whichever wait showed it
@@ -151,6 +158,40 @@ def _skipped_behind(states: list[RankState], order: StateOrder, causes: dict[int
     return found
 
 
+def _skipped_ahead(states: list[RankState], order: StateOrder, held: dict[int, CallBegun],
+                  causes: dict[int, Cause]) -> dict[int, Cause]:
+    """A second hang behind the first, on a rank that waits: it is held in a call that the program makes after a
+    call on one of its groups that it never made (its count there is short), while a partner in that group has not
+    got there yet (held up by the first hang). A rank makes its calls in program order, so it skipped that one."""
+    members = _all_members(states)
+    # a pair's point-to-point calls are counted on their channels, each side its own: not calls every member makes
+    pairs = {name for s in states for (g, _), (_, kind) in s.call_log.items() if kind in POINT_TO_POINT or "->" in g
+             for name in (g, g.rpartition(":")[0])}  # (and the group whose channels they are)
+    found: dict[int, Cause] = {}
+    for r, call in sorted(held.items()):
+        if r in causes:
+            continue
+        here = order.key(call.group, call.seq)
+        for group in sorted(g for g, ranks in members.items() if r in ranks and g != call.group and g not in pairs):
+            count = states[r].calls_on.get(group, 0)
+            partners = sorted(m for m in members[group] if m != r and states[m].calls_on.get(group, 0) <= count
+                              and states[m].end != FINISHED)
+            if not partners or order.precedes(order.key(group, count), here) is not True:
+                continue
+            wanted = order.key(group, count)
+            made = next(((s, g) for s in states for g, q in s.issued if q == count and order.key(g, q) == wanted),
+                        None)
+            missed = _describe(states, made[0], made[1], count).replace(
+                f"group {group_text(members_of(states, made[1]))}", f"group {group_text(sorted(members[group]))}") \
+                if made is not None else f"call #{count} on group {group_text(sorted(members[group]))}"
+            found[r] = Cause(r, KINDS["skipped"], (
+                f"rank {r} skipped {missed}: it went on to {call.kind} #{call.seq} on group {group_text(call.ranks)}, "
+                f"which the others make after it, so rank{'s' if len(partners) > 1 else ''} {ranks_text(partners)} "
+                "will wait for it there: a second hang behind the first"), group, count)
+            break
+    return found
+
+
 def _all_members(states: list[RankState]) -> dict[str, set[int]]:
     """Every group's members, in one pass (_members asks for one group)."""
     members: dict[str, set[int]] = {}
@@ -177,8 +218,10 @@ def _not_there(states: list[RankState], call: CallBegun) -> list[int]:
     return [m for m in call.ranks if m < len(states) and states[m].calls_on.get(call.group, 0) <= call.seq]
 
 
-def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m: int) -> Cause | None:
-    """Why member m has not issued `call`; None when it is held up upstream (the wait goes on through it)."""
+def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m: int, unseen: str = ""
+                 ) -> Cause | None:
+    """Why member m has not issued `call`; None when it is held up upstream (the wait goes on through it). A rank
+    in no call where the record cannot show some (`unseen`) may wait in one of those: a candidate."""
     state = states[m]
     count = state.calls_on.get(call.group, 0)
     wanted = order.key(call.group, count)
@@ -193,7 +236,9 @@ def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m:
         if state.end == STUCK:
             text = (f"rank {m} is in no collective, {count} calls into group {group_text(call.ranks)} where its peers "
                     f"wait in #{call.seq}")
-            return Cause(m, KINDS["straggler"], text, call.group, count)
+            if unseen:
+                text += "; it may wait in a call the record cannot show rather than stall"
+            return Cause(m, KINDS["straggler"], text, call.group, count, candidate=bool(unseen))
         text = f"rank {m} {state.where} after {count} calls on group {group_text(call.ranks)}, where its peers wait"
         return Cause(m, KINDS["left"], text, call.group, count)
     if order.precedes(wanted, order.key(held.group, held.seq)):

@@ -10,6 +10,7 @@ order most ranks follow. Where neither tells, the evidence cannot decide: the cy
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from ...core.outcome import KINDS
@@ -31,16 +32,31 @@ def cycle_causes(states: list[RankState], order: StateOrder, held: dict[int, Cal
 
 def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, CallBegun],
                 upstream: dict[int, set[int]]) -> dict[int, Cause]:
-    """Ranks in the cycle whose held call, made at a line where most ranks that made it call on one kind of group
-    (a mesh dim or sibling groups: the same one; a pair or a channel: the same peer relative to themselves), calls
-    on another: a receive from the wrap-around peer where every other stage receives from the stage before it."""
+    """Ranks in the cycle (or, where whom they wait for is not known, the held ranks that others wait for) whose
+    held call, made at a line where most ranks that made it call on one kind of group,
+    calls on another: a receive from the wrap-around peer where every other stage receives from the stage before
+    it. A kind of group is a part several groups play (a mesh dim, sibling groups: the same for every rank), else
+    the group's relation to the rank: its peer (a channel's ends, a pair's other member), or, where a group's
+    members are not known (gloo's dumps name none), its place among the rank's own groups (torch's pg_id: the
+    group with the stage before it is each middle stage's first)."""
     cycle = _in_cycle(upstream)
+    if not cycle:  # whom the held ranks wait for is not known (a group's other members): the ranks waited for
+        cycle = {m for ranks in upstream.values() for m in ranks if m in held}
     members = _members(states, held)
-    made: dict[tuple[Any, str], dict[Any, set[int]]] = {}  # (site, kind) -> the groups it was made on -> ranks
+    for shape in (lambda r, g: _shape(r, g, members, order), lambda r, g: _nth(states, r, g, order)):
+        found = _odd_ones(states, held, cycle, shape)
+        if found and len(found) < len(cycle):
+            return found
+    return {}
+
+
+def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[int],
+              shape: Callable[[int, str], Any]) -> dict[int, Cause]:
+    made: dict[tuple[Any, str], dict[Any, set[int]]] = {}  # (site, kind) -> the kinds of group it was made on -> ranks
     for s in states:
         for (group, _), (site, kind) in s.call_log.items():
             if site is not None:
-                made.setdefault((site, kind), {}).setdefault(_shape(s.rank, group, members, order), set()).add(s.rank)
+                made.setdefault((site, kind), {}).setdefault(shape(s.rank, group), set()).add(s.rank)
     found: dict[int, Cause] = {}
     for r in sorted(cycle):
         call = held[r]
@@ -48,7 +64,7 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         top = sorted(((len(ranks), shape) for shape, ranks in seen.items()), key=lambda t: (t[0], repr(t[1])),
                      reverse=True)
         counts = Counter(n for n, _ in top)
-        mine = _shape(r, call.group, members, order)
+        mine = shape(r, call.group)
         if not top or counts[top[0][0]] > 1 or top[0][0] < 2 or top[0][1] == mine:
             continue
         usual, others = top[0][1], sorted(seen[top[0][1]])
@@ -57,9 +73,9 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         found[r] = Cause(r, kind, (
             f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at {site_text(call.site)}, "
             f"{_said(mine)}, where rank{'s' if len(others) > 1 else ''} {ranks_text(others)} call there "
-            f"{_said(usual)}: its call does not fit the pattern its siblings follow, and the ranks of the cycle "
-            f"{ranks_text(sorted(cycle))} wait on one another behind it"), call.group, call.seq)
-    return found if len(found) < len(cycle) else {}
+            f"{_said(usual)}: its call does not fit the pattern its siblings follow, and ranks "
+            f"{ranks_text(sorted(cycle))} wait behind it"), call.group, call.seq)
+    return found
 
 
 def _in_cycle(upstream: dict[int, set[int]]) -> set[int]:
@@ -107,8 +123,22 @@ def _shape(rank: int, group: str, members: dict[str, tuple[int, ...]], order: St
     return ("group", group)
 
 
+def _nth(states: list[RankState], rank: int, group: str, order: StateOrder) -> Any:
+    role = order.roles.get(group)
+    if isinstance(role, tuple) and role[0] in PARTS:
+        return role
+    index = states[rank].group_index.get(group)
+    return ("nth", index) if index is not None else ("group", group)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
 def _said(shape: Any) -> str:
     kind = shape[0]
+    if kind == "nth":
+        return f"on the {_ordinal(shape[1])} group it is a member of (in the order they were made)"
     if kind == "dim":
         return f"on mesh dim {shape[1]!r}"
     if kind == "siblings":

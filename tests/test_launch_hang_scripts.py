@@ -19,7 +19,7 @@ SLOW = pytest.mark.slow
 
 LEFT, SKIPPED, MISMATCHED = KINDS["left"], KINDS["skipped"], KINDS["mismatched"]
 STRAGGLER, DEAD, RAISED = KINDS["straggler"], KINDS["dead"], KINDS["raised"]
-REORDERED, SLOW = KINDS["reordered"], KINDS["slow"]
+REORDERED, TOO_SLOW = KINDS["reordered"], KINDS["slow"]
 
 # script, hosts x devices, culprit ranks, kind, the waited-on group's mesh dim (None: no named mesh there)
 CASES = [
@@ -52,7 +52,7 @@ CASES = [
     ("alone_on_dp_pair", (2, 4), [1], MISMATCHED, "dp"),
     ("wrong_dim_3d", (2, 4), [5], MISMATCHED, "tp"),
     ("broadcast_pipeline_cycle", (2, 4), [4], REORDERED, None),
-    ("slow_loop", (2, 4), [], SLOW, None),
+    ("slow_loop", (2, 4), [], TOO_SLOW, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),

@@ -55,6 +55,24 @@ def test_sibling_pairs_decide_which_member_of_a_pair_departs():
     assert (found.culprits, found.kind) == ([4], KINDS["reordered"]), found.causes
 
 
+def test_a_rank_alone_in_one_call_more_than_its_siblings_made_added_it_whoever_waits():
+    # (2, 4) dp pairs: two dp all_reduces everywhere, then rank 1 alone makes a third (line 18) and every other rank
+    # waits in the world barrier (line 20) for it
+    dp = {"1": (0, 4), "2": (1, 5), "3": (2, 6), "4": (3, 7)}
+    world = tuple(range(8))
+    states = []
+    for r in range(8):
+        group = next(g for g, m in dp.items() if r in m)
+        calls = [(group, dp[group], "t.py:16", "all_reduce")] * 2
+        calls += [(group, dp[group], "t.py:18", "all_reduce")] if r == 1 else [("0", world, "t.py:20", "barrier")]
+        state = _rank(r, calls, created_as={g: "mesh_dp" for g in dp})
+        state.created = dict(dp)
+        states.append(state)
+    found = blame(_record(states))
+    assert (found.culprits, found.kind) == ([1], KINDS["mismatched"]), found.causes
+    assert "a line no other rank reached" in found.causes[0].text
+
+
 def test_the_same_record_gets_the_same_answer_every_time():
     states = [_rank(0, [("0", (0, 1), "a.py:3", "barrier")]), _rank(1, [("0", (0, 1), "a.py:5", "all_reduce")])]
     answers = {repr((b.kind, b.culprits, [c.to_json() for c in b.candidates])) for b in

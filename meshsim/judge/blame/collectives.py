@@ -12,7 +12,7 @@ from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
 from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
 from .cycles import cycle_causes
 from .parts import Reference, StateOrder
-from .siblings import by_siblings, ended_without, on_another_group
+from .siblings import added_alone, by_siblings, ended_without, on_another_group
 
 
 def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int],
@@ -38,6 +38,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
                 if cause.kind == KINDS["skipped"] or cause.rank not in causes:
                     causes[cause.rank] = cause
+    if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
+        causes.update(added_alone(states, ref, held))
     if not causes and upstream:  # (candidates explain waits too: no cycle where a rank may be elsewhere)
         causes.update(cycle_causes(states, order, held, upstream, divergent))
     causes.update(_added_at_the_end(states, ref, held, causes))

@@ -100,6 +100,34 @@ def ended_without(states: list[RankState], ref: Reference, call: CallBegun, insi
     return len(gone) + without > len(inside) + with_
 
 
+def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Counts against siblings, where nothing else explains the waits: ranks held in a call at a line no other rank
+    made a call from, on a group of a part whose other groups' ranks (a minority of the part's ranks hold it)
+    made fewer calls there and went on or finished, made one call more than their peers: an evaluation all_reduce
+    under `if rank == 1` followed by a barrier every rank makes. (Where the part is one group, ranks that take two
+    groups' calls in another order look the same: the cycle rule says so.)"""
+    found: dict[int, Cause] = {}
+    for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
+        inside = {r for r, c in held.items() if c.site == site}
+        if any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values()):
+            continue
+        for r in sorted(inside):
+            call = held[r]
+            part = ref.part(call.group)
+            ranks = ref.ranks(part)
+            if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(inside & set(ranks)) >= len(ranks):
+                continue
+            others = [m for m in ranks if m not in inside]
+            if all((ref.count(m, part) or 0) <= call.seq for m in others):
+                usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
+                found[r] = Cause(r, KINDS["mismatched"], (
+                    f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
+                    f"{group_text(call.ranks)} at {site_text(site)}, a line no other rank reached, where its peers "
+                    f"on {ref.describe(part)} made {usual} call{'s' if usual != 1 else ''} and went on"),
+                    call.group, call.seq)
+    return found
+
+
 def on_another_group(states: list[RankState], ref: Reference, held: dict[int, CallBegun],
                      causes: dict[int, Cause]) -> None:
     """A culprit that added a call on one part, made where its peers make the same call on another part that

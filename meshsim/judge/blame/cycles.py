@@ -44,14 +44,14 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         cycle = {m for ranks in upstream.values() for m in ranks if m in held}
     members = _members(states, held)
     for shape in (lambda r, g: _shape(r, g, members, order), lambda r, g: _nth(states, r, g, order)):
-        found = _odd_ones(states, held, cycle, shape)
+        found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
     return {}
 
 
 def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[int],
-              shape: Callable[[int, str], Any]) -> dict[int, Cause]:
+              shape: Callable[[int, str], Any], roles: dict[str, Any]) -> dict[int, Cause]:
     made: dict[tuple[Any, str], dict[Any, set[int]]] = {}  # (site, kind) -> the kinds of group it was made on -> ranks
     for s in states:
         for (group, _), (site, kind) in s.call_log.items():
@@ -68,14 +68,26 @@ def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[in
         if not top or counts[top[0][0]] > 1 or top[0][0] < 2 or top[0][1] == mine:
             continue
         usual, others = top[0][1], sorted(seen[top[0][1]])
-        # another part than its siblings at that line: a call on the wrong group; another peer: a cycle's stage
-        kind = KINDS["mismatched"] if mine[0] in PARTS and usual[0] in PARTS else KINDS["reordered"]
-        found[r] = Cause(r, kind, (
-            f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at {site_text(call.site)}, "
-            f"{_said(mine)}, where rank{'s' if len(others) > 1 else ''} {ranks_text(others)} call there "
-            f"{_said(usual)}: its call does not fit the pattern its siblings follow, and ranks "
-            f"{ranks_text(sorted(cycle))} wait behind it"), call.group, call.seq)
+        text = (f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
+                f"{site_text(call.site)}, {_said(mine)}, where rank{'s' if len(others) > 1 else ''} "
+                f"{ranks_text(others)} call there {_said(usual)}: its call does not fit the pattern its siblings "
+                f"follow, and ranks {ranks_text(sorted(cycle))} wait behind it")
+        if mine[0] in PARTS and usual[0] in PARTS:  # another part than its siblings there: the wrong group
+            waited = _waited_on(states, held, r, {g for g, role in roles.items() if role == usual}) or call
+            found[r] = Cause(r, KINDS["mismatched"], text + (
+                f"; its peers wait for it in {waited.kind} #{waited.seq} on group {group_text(waited.ranks)}"
+                if waited is not call else ""), waited.group, waited.seq)
+        else:  # another peer: a stage of a cycle
+            found[r] = Cause(r, KINDS["reordered"], text, call.group, call.seq)
     return found
+
+
+def _waited_on(states: list[RankState], held: dict[int, CallBegun], r: int, wanted: set[str]) -> CallBegun | None:
+    """A call that other ranks wait in for rank r, on one of the groups `wanted` (where its peers call)."""
+    for rank, call in sorted(held.items()):
+        if rank != r and r in call.ranks and call.group in wanted and states[r].calls_on.get(call.group, 0) <= call.seq:
+            return call
+    return None
 
 
 def _in_cycle(upstream: dict[int, set[int]]) -> set[int]:

@@ -72,6 +72,11 @@ def _departure(ref: Reference, part: Any, call: CallBegun, seq: int, entry: Any,
         return Cause(r, KINDS["mismatched"], f"rank {r} added a call the others do not make: {entry[1]} #{seq} on "
                      f"{group} at {site_text(entry[0])}; {peers} make {here[1]} there (at {site_text(here[0])}), "
                      "which is its next call", call.group, seq)
+    if skipped and entry[1] != here[1] and held_in(ref.states[r], call.group, seq):
+        # held in that very call: whether it skipped the first or makes it after, nothing it did yet tells
+        return Cause(r, KINDS["reordered"], f"rank {r} made {entry[1]} #{seq} on {group} at {site_text(entry[0])} "
+                     f"where {peers} make {here[1]} first and {entry[1]} next: it makes them in another order (or "
+                     "skipped the first)", call.group, seq)
     if skipped:
         return Cause(r, KINDS["skipped"], f"rank {r} skipped {here[1]} #{seq} on {group} (made at "
                      f"{site_text(here[0])}): its call there is the one {peers} make next", call.group, seq)
@@ -101,16 +106,15 @@ def ended_without(states: list[RankState], ref: Reference, call: CallBegun, insi
 
 
 def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBegun]) -> dict[int, Cause]:
-    """Counts against siblings, where nothing else explains the waits: ranks held in a call at a line no other rank
-    made a call from, on a group of a part whose other groups' ranks (a minority of the part's ranks hold it)
-    made fewer calls there and went on or finished, made one call more than their peers: an evaluation all_reduce
-    under `if rank == 1` followed by a barrier every rank makes. (Where the part is one group, ranks that take two
-    groups' calls in another order look the same: the cycle rule says so.)"""
+    """Counts against siblings, where nothing else explains the waits: a minority of a part's ranks held in a call
+    on its groups, where every other rank of the part (its sibling groups' too) made fewer calls there and went on
+    or finished, made one call more than their peers: an evaluation all_reduce under `if rank == 1` followed by a
+    barrier every rank makes. (Where the part is one group, or none of its other ranks called on it yet, ranks that
+    take two groups' calls in another order look the same: the cycle rule says so.)"""
     found: dict[int, Cause] = {}
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        if any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values()):
-            continue
+        alone = not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
         for r in sorted(inside):
             call = held[r]
             part = ref.part(call.group)
@@ -122,9 +126,9 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
                 usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
                 found[r] = Cause(r, KINDS["mismatched"], (
                     f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
-                    f"{group_text(call.ranks)} at {site_text(site)}, a line no other rank reached, where its peers "
-                    f"on {ref.describe(part)} made {usual} call{'s' if usual != 1 else ''} and went on"),
-                    call.group, call.seq)
+                    f"{group_text(call.ranks)} at {site_text(site)}{', a line no other rank reached,' if alone else ''}"
+                    f" where its peers on {ref.describe(part)} made {usual} call{'s' if usual != 1 else ''} there and "
+                    "went on"), call.group, call.seq)
     return found
 
 

@@ -47,10 +47,13 @@ KINDS = {
     "unknown": "ranks waiting, cause unclear",
     "slow": "too slow for its deadline",
 }
-# The outcome each kind implies (any kind not named: a hang).
+# The outcome a kind implies, where it implies one: a dead rank makes a crash, an exception an error, a run still
+# moving at its deadline is too slow. Any other kind is a hang, or whatever a rank that raised or died on the way
+# made it (a rank that left early by sys.exit(1) is an error; other sizes than its peers', a crash where gloo
+# aborted a rank).
 IMPLIED = {KINDS["dead"]: CRASH, KINDS["raised"]: ERROR, KINDS["slow"]: SLOW}
 
 
-def implied(kind: str) -> str:
-    """The outcome a run whose failure is of this kind ends in."""
-    return IMPLIED.get(kind, HANG)
+def implied(kind: str) -> str | None:
+    """The outcome a run whose failure is of this kind ends in (None: the kind does not say)."""
+    return IMPLIED.get(kind)

@@ -91,7 +91,7 @@ def analyze(incident: Incident) -> Analysis:
     kind = causes[0].kind if causes else found.kind if found.culprits else \
         (UNKNOWN if waits else "no hang in the dumps")
     mismatches, partners = _completed_mismatches(incident, {c.rank: c for c in causes})
-    victims = _victims(incident, waits, culprits, partners)
+    victims = _victims(incident, waits, culprits + [c.rank for c in found.candidates], partners)
     analysis = Analysis(kind, culprits, causes, waits, victims, mismatches, notes=list(incident.notes),
                         candidates=[_absent_cause(incident, c) for c in found.candidates], note=found.note)
     analysis.culprits_at = {r: _last_seen(incident, r) for r in culprits}

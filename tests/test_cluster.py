@@ -131,6 +131,21 @@ def test_a_rank_building_another_shape_ends_as_a_bounded_hang_naming_it(meshsim_
     assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))  # fresh workers serve the next plan
 
 
+def test_a_plan_still_progressing_at_its_deadline_is_too_slow_not_a_hang_and_names_no_culprit(meshsim_cluster):
+    from meshsim.core.outcome import KINDS
+
+    steps = [M2]
+    for _ in range(1500):  # at a few hundred steps a second, far more than 2 s allow
+        steps += [S("all_reduce", mesh="m", dim="tp"), S("barrier", mesh="m", dim="dp")]
+    result = meshsim_cluster.run(Plan(tuple(steps)), deadline=2)
+    d = result.diagnosis
+    assert result.outcome == "slow" and not result.passed and d is not None, result.report()
+    assert (d.kind, d.culprits, d.waits) == (KINDS["slow"], [], []), d.summary
+    assert [p.rank for p in d.paces] == list(range(8)) and all(p.rate and p.moving for p in d.paces)
+    reached = [result.record.states[r].step for r in range(8)]
+    assert d.suggested_deadline > 2 * len(steps) / max(reached) and f"{d.suggested_deadline:g} s" in d.summary
+
+
 def test_a_skipped_subgroup_all_reduce_names_rank_collective_group_and_dim(meshsim_cluster):
     plan = Plan((M2, S("all_reduce", mesh="m", dim="tp", skip_on=[5]), S("check", mesh="m")))
     result = meshsim_cluster.run(plan, deadline=3)

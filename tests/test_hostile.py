@@ -47,6 +47,7 @@ HOSTILE = {
     "mesh_dim-a-list": ({"extra": "[expect]\nmesh_dim = ['tp']"}, "mesh_dim"),
     "culprit-a-bool": ({"extra": "[expect]\nculprit_ranks = [true]"}, "culprit_ranks"),
     "kind-unknown": ({"extra": "[expect]\nkind = 'cosmic ray'"}, "kind"),
+    "kind-against-outcome": ({"extra": "[expect]\noutcome = 'hang'\nkind = 'too slow for its deadline'"}, "slow"),
     "expect_error-a-string": ({"extra_step": "[[step]]\nop = 'barrier'\nmesh = 'm'\ndim = 0\nexpect_error = 'false'"},
                               "expect_error"),
     "huge-shape": ({"extra_step": "[[step]]\nop = 'init_device_mesh'\nshape = [100000000000, 100000000000]\n"

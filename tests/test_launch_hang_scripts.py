@@ -19,6 +19,7 @@ SLOW = pytest.mark.slow
 
 LEFT, SKIPPED, MISMATCHED = KINDS["left"], KINDS["skipped"], KINDS["mismatched"]
 STRAGGLER, DEAD, RAISED = KINDS["straggler"], KINDS["dead"], KINDS["raised"]
+REORDERED, TOO_SLOW = KINDS["reordered"], KINDS["slow"]
 
 # script, hosts x devices, culprit ranks, kind, the waited-on group's mesh dim (None: no named mesh there)
 CASES = [
@@ -31,7 +32,7 @@ CASES = [
     ("os_exit", (2, 2), [1], DEAD, None),
     ("raises", (2, 2), [3], RAISED, None),
     ("sleeper", (2, 2), [2], STRAGGLER, None),
-    ("opposite_order", (2, 2), [1], KINDS["reordered"], None),
+    ("opposite_order", (2, 2), [1], REORDERED, None),
     ("wrong_collective", (2, 2), [3], MISMATCHED, None),
     ("wrong_size", (2, 2), [1], KINDS["size"], None),
     ("skips_mesh", (2, 2), [3], KINDS["subset"], None),
@@ -44,6 +45,14 @@ CASES = [
     ("dtensor_redistribute_skipped", (2, 2), [1], SKIPPED, "tp"),
     ("monitored_barrier", (2, 2), [2], STRAGGLER, None),
     ("two_culprits", (2, 4), [1, 6], SKIPPED, "tp"),
+    # siblings decide, counts before order, cycles, another group than its peers, several culprits, progress
+    ("extra_call_local_rank0", (2, 4), [0, 4], MISMATCHED, "tp"),
+    ("pair_reorder_tp", (2, 4), [6], REORDERED, "tp"),
+    ("pair_reorder_dp_two", (2, 4), [1, 2], REORDERED, "dp"),
+    ("alone_on_dp_pair", (2, 4), [1], MISMATCHED, "dp"),
+    ("wrong_dim_3d", (2, 4), [5], MISMATCHED, "tp"),
+    ("broadcast_pipeline_cycle", (2, 4), [4], REORDERED, None),
+    ("slow_loop", (2, 4), [], TOO_SLOW, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),

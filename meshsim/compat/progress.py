@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -33,6 +34,7 @@ class Progress:
         self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
         self.in_plan = False  # inside a plan every blocking call is announced: "returned" can wait for the next
         self._returned = False
+        self._returned_at: float | None = None
         self.seq: dict[str, int] = {}
         self.group_info: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, name)
         self.mesh_dims: dict[str, tuple] = {}  # group name -> (mesh label, dim, coordinate) seen through get_group
@@ -52,7 +54,7 @@ class Progress:
         with self._lock:
             if self._returned:
                 self._returned = False
-                event = Batch((CallReturned(), event))
+                event = Batch((CallReturned(time=self._returned_at), event))
             self._send(event)
 
     def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
@@ -74,9 +76,9 @@ class Progress:
         # Inside a plan the next message (a call, a step) always comes before the rank can block again, so
         # "returned" rides with it: a third fewer messages. User code may block anywhere: it is told at once.
         if self.in_plan:
-            self._returned = True
+            self._returned, self._returned_at = True, time.time()
         else:
-            self.emit(CallReturned())
+            self.emit(CallReturned(time=time.time()))
 
     def returned_handle(self, key: tuple[str, int], handle: Any, work: Any = None) -> None:
         """The call returned a handle (a Work from async_op=True or isend; a functional collective's tensor): it
@@ -102,7 +104,7 @@ class Progress:
             work = self.in_flight.pop(key)
             if self.works.get(work) == key:
                 del self.works[work]
-        self.emit(CallDone(key[0], key[1], error))
+        self.emit(CallDone(key[0], key[1], error, time.time()))
 
     def failed(self, exc: BaseException) -> None:
         """The call raised: the judge tells a rank whose collective failed because a peer left from the one

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .pace import KEPT, still_moving
 from .ranks import group_text
 from .wire import (
     DIED,
@@ -49,6 +50,10 @@ class RankState:
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
+    created_at: dict[str, Site] = field(default_factory=dict)  # group name -> where it was created (a line, a step)
+    # group name -> its place among the groups this rank is a member of, in creation order (1: its first after the
+    # default group; torch's pg_id): SPMD code calls its n-th group where its peers call theirs
+    group_index: dict[str, int] = field(default_factory=dict)
     # (step, shape, names, ranks) of each mesh it built the groups of
     meshes: list[tuple[Any, ...]] = field(default_factory=list)
     failed_in: CallBegun | None = None  # the call that raised on this rank (a peer that left makes it raise)
@@ -64,6 +69,8 @@ class RankState:
     output: str = ""  # what the rank printed (stdout and stderr) during this run
     value: Any = None  # a user function's result, or a script's ScriptDone
     group_count: int = 0  # torch's group counter on the rank when it finished
+    completed: int = 0  # calls it completed (returned from, or saw complete)
+    done_times: list[float] = field(default_factory=list)  # when its last pace.KEPT calls completed (wall clock)
 
     def __post_init__(self) -> None:
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -82,6 +89,9 @@ class RankState:
         if event.kind == "new_group":
             self.groups_created += 1
             self.created[event.group] = tuple(event.ranks)
+            self.created_at[event.group] = event.site if event.site is not None else self.step
+            if self.rank in event.ranks and event.group not in self.group_index:
+                self.group_index[event.group] = len(self.group_index) + 1
             if event.context and len(event.context) > 1 and event.context[1]:
                 self.created_as[event.group] = str(event.context[1])
         else:
@@ -101,15 +111,28 @@ class RankState:
             self.failed_in, self.failure = self.call, event.error
         elif event.pending and self.call is not None:
             self.in_flight[(self.call.group, self.call.seq)] = self.call
-        elif self.call is not None and self.in_flight:  # a group's calls complete in order: the earlier are done
-            done = self.call
-            self.in_flight = {key: c for key, c in self.in_flight.items() if c.group != done.group or c.seq > done.seq}
+        else:
+            if self.call is not None and self.in_flight:  # a group's calls complete in order: the earlier are done
+                done = self.call
+                self.in_flight = {key: c for key, c in self.in_flight.items()
+                                  if c.group != done.group or c.seq > done.seq}
+            if self.call is not None:  # (a group's creation too: a rendezvous of every rank)
+                self._completed(event.time)
         self.call = None
 
     def _done(self, event: CallDone) -> None:
         call = self.in_flight.pop((event.group, event.seq), None)
         if event.error is not None and call is not None:
             self.failed_in, self.failure = call, event.error
+        elif call is not None:
+            self._completed(event.time)
+
+    def _completed(self, when: float | None) -> None:
+        self.completed += 1
+        if when is not None:
+            self.done_times.append(when)
+            if len(self.done_times) > KEPT:
+                del self.done_times[0]
 
     @property
     def waiting_on(self) -> CallBegun | None:
@@ -191,6 +214,16 @@ class RunRecord:
     # meshsim.model.classes.RankClasses where the model tier answered by class: states is then a ClassView (states[r] is
     # the state of r's class; iterating gives one state per class, its representative's)
     classes: Any = None
+    ended_at: float | None = None  # when the run was stopped, by the wall clock (meshsim.core.pace)
+    # calls the record cannot show, in words ("": it shows them all): gloo's Flight Recorder records no send or
+    # recv, so a replayed rank in no recorded call may wait in one rather than stall
+    unseen: str = ""
+
+    @property
+    def still_moving(self) -> bool:
+        """Every rank that had not finished when time ran out was still completing calls (meshsim.core.pace): the
+        run is too slow for its deadline, not hung."""
+        return self.timed_out and still_moving(self.states, self.ended_at)
 
     @property
     def died(self) -> list[int]:

@@ -172,6 +172,7 @@ class CallBegun(NamedTuple):
 class CallReturned(NamedTuple):
     error: str | None = None  # the call raised this ("RuntimeError: Connection closed by peer")
     pending: bool = False  # it returned a handle (async_op, isend): the call stays in flight until CallDone
+    time: float | None = None  # when it returned, by the rank's wall clock (meshsim.core.pace: still moving?)
 
 
 class CallDone(NamedTuple):
@@ -180,6 +181,7 @@ class CallDone(NamedTuple):
     group: str
     seq: int
     error: str | None = None
+    time: float | None = None  # when it completed, by the rank's wall clock
 
 
 class Batch(NamedTuple):

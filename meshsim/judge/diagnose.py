@@ -10,11 +10,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import pace
+from ..core.outcome import KINDS
 from ..core.ranks import group_text, ranks_text
 from ..core.record import RankState, RunRecord
 from ..core.wire import DIED, RAISED
 from ..model import torch_side
-from .blame import KINDS, blame, blocked_call, missing_from
+from .blame import Cause, blame, blocked_call, missing_from
 
 __all__ = ["KINDS", "Diagnosis", "Wait", "diagnose", "headline_wait"]
 
@@ -34,6 +36,7 @@ class Wait:
     seq: int = 0  # the call's position on its group
     site: str | int | None = None  # where in the user's code (a plan's step)
     raised: bool = False  # the call raised on this rank (a peer left) rather than waiting on
+    cause: bool = False  # the call (or group) the headline cause names: a culprit is missing, or added it
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "step": self.step, "op": self.op, "call": self.call, "seq": self.seq,
@@ -51,16 +54,34 @@ class Diagnosis:
     elsewhere: dict[int, str] = field(default_factory=dict)  # where the ranks that are not waiting are
     stacks: list[tuple[list[int], str]] = field(default_factory=list)
     victims: dict[int, str] = field(default_factory=dict)  # what a rank that is not to blame did
+    causes: list[Cause] = field(default_factory=list)  # why each culprit is one, the headline first
+    candidates: list[Cause] = field(default_factory=list)  # where the evidence cannot decide: who may be, and why
+    paces: list[pace.RankPace] = field(default_factory=list)  # a run too slow for its deadline: each rank's pace
+    suggested_deadline: float | None = None  # the deadline such a run needs, where its length is known
+
+    @property
+    def mesh_dim(self) -> Any:
+        """The mesh dim of the group the headline cause is on (None: no mesh dim there)."""
+        wait = headline_wait(self.waits, self.culprits)
+        return wait.mesh_dim if wait is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "culprit_ranks": self.culprits, "summary": self.summary,
+                "mesh_dim": self.mesh_dim,
+                "causes": [c.to_json() for c in self.causes],
+                "candidates": [c.to_json() for c in self.candidates],
                 "waiting": [w.to_json() for w in self.waits],
                 "elsewhere": {str(r): where for r, where in sorted(self.elsewhere.items())},
                 "victims": {str(r): what for r, what in sorted(self.victims.items())},
+                "pace": [{"rank": p.rank, "completed": p.completed, "calls_per_s": p.rate, "quiet_s": p.quiet,
+                          "finished": p.finished} for p in self.paces],
+                "suggested_deadline_s": self.suggested_deadline,
                 "stacks": [{"ranks": ranks, "stack": text} for ranks, text in self.stacks]}
 
 
 def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Diagnosis:
+    if record.still_moving:
+        return _too_slow(record, plan)
     states = record.states
     waits = [_wait(s, states, plan, prediction) for s in states if blocked_call(s) is not None]
     waiting = {w.rank for w in waits}
@@ -83,7 +104,8 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
         note = (f"Step {prediction.undefined_from} made different groups under one name on ranks "
                 f"{ranks_text(collided)} (finding group-name-collision): gloo crosses them.")
     diagnosis = Diagnosis(found.kind, found.culprits, "", waits, elsewhere, _group_stacks(record.stacks),
-                          found.victims)
+                          found.victims, found.causes, found.candidates)
+    _mark_cause(diagnosis)
     diagnosis.summary = _summary(diagnosis, states) + (f" {note}" if note else "")
     return diagnosis
 
@@ -163,11 +185,75 @@ def _normalise_stack(text: str) -> str:
 
 
 def headline_wait(waits: list[Wait], culprits: list[int]) -> Wait | None:
-    """The wait that shows the root cause: on the group where a culprit is missing (not a side effect of it)."""
+    """The wait that shows the root cause: the one on the group the headline cause names (where a culprit is
+    missing, or where it added a call), else one where a culprit is missing (not a side effect of it)."""
+    for w in waits:
+        if w.cause:
+            return w
     for w in waits:
         if set(w.missing) & set(culprits):
             return w
     return waits[0] if waits else None
+
+
+def _mark_cause(d: Diagnosis) -> None:
+    """Mark the wait that shows the headline cause: on its call (group and position), else on its group where a
+    culprit is missing, else a culprit's own wait on its group."""
+    if not d.causes or d.causes[0].group is None:
+        return
+    head = d.causes[0]
+    on_group = [w for w in d.waits if w.group_name == head.group]
+    exact = [w for w in on_group if w.seq == head.seq]
+    missing = [w for w in on_group if set(w.missing) & set(d.culprits)]
+    chosen = (exact or missing or on_group)[:1]
+    for w in chosen:
+        w.cause = True
+
+
+def _too_slow(record: RunRecord, plan: Any) -> Diagnosis:
+    """Every unfinished rank was still completing calls when time ran out: no hang, and nobody to blame. Each
+    rank's progress and pace, and the deadline the run needs where its length is known (a plan's steps)."""
+    states = record.states
+    paces = pace.of_states(states, record.ended_at)
+    running = [p for p in paces if not p.finished]
+    total = len(plan.steps) if plan is not None else None
+    elsewhere = {p.rank: _progress_text(states[p.rank], p, total) for p in paces}
+    reached = [step for p in running if (step := states[p.rank].step) is not None]
+    suggested = None
+    if total and reached and min(reached) > 0:  # (a step index: steps before it are done)
+        suggested = _round_up(1.5 * record.elapsed * total / min(reached))
+    slowest = min(running, key=lambda p: (p.completed, p.rank))
+    spread = ""
+    if total and reached:
+        apart = max(reached) - min(reached)
+        spread = f"; the ranks are within {apart} step{'s' if apart != 1 else ''} of each other"
+    advice = (f" This plan of {total} steps needs about {suggested / 1.5:.0f} s here: give it a deadline of "
+              f"{suggested:g} s." if suggested else
+              " Its length is not known here: give it a longer deadline (or none), or a shorter workload.")
+    summary = (f"{KINDS['slow']}: every rank that had not finished was still completing collectives when the "
+               f"deadline of {record.deadline:g} s struck (after {record.elapsed:.1f} s); the slowest, rank "
+               f"{slowest.rank}, {elsewhere[slowest.rank]}{spread}. No rank waits on another: nobody is to blame."
+               + advice)
+    return Diagnosis(KINDS["slow"], [], summary, [], elsewhere, [], {}, paces=paces, suggested_deadline=suggested)
+
+
+def _progress_text(state: RankState, p: pace.RankPace, total: int | None) -> str:
+    if p.finished:
+        return "finished"
+    where = f"at step {state.step} of {total}" if total and state.step is not None else \
+        f"in {state.call.kind} at {state.call.site}" if state.call is not None and state.call.site else "running"
+    rate = f", {p.rate:.0f} calls/s" if p.rate is not None else ""
+    return f"{where}, {p.completed} calls completed{rate}"
+
+
+def _round_up(seconds: float) -> float:
+    """A deadline worth typing: two significant figures, rounded up."""
+    import math
+
+    if seconds <= 10:
+        return float(math.ceil(seconds))
+    scale = 10 ** (len(str(int(seconds))) - 2)
+    return float(math.ceil(seconds / scale) * scale)
 
 
 def _summary(d: Diagnosis, states: list[RankState]) -> str:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..core.outcome import CRASH, ERROR, HANG, MISMATCH, PASS
+from ..core.outcome import CRASH, ERROR, HANG, MISMATCH, PASS, SLOW
 from ..core.ranks import group_text, ranks_text
 from ..model import findings as F
 from ..model import to_json
@@ -91,7 +91,7 @@ def progress_bar(label: str, total: int, disable: bool = False) -> Iterator[Step
         yield Steps(bar, task, label)
 
 
-OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red"}
+OUTCOME_STYLE = {PASS: "green", MISMATCH: "red", ERROR: "red", HANG: "yellow", CRASH: "red", SLOW: "yellow"}
 
 
 def short(value: Any, limit: int = 70) -> str:
@@ -474,10 +474,31 @@ def render_findings(hits: dict[str, Any], console: Console) -> None:
                                     (f"  ({where}{ranks})", "dim")))
 
 
+def _render_paces(diagnosis: Any, console: Console) -> None:
+    """A run too slow for its deadline: how far each rank got and how fast it was going."""
+    table = Table(title="Where each rank was when the deadline struck", title_justify="left")
+    for col in ("rank", "how far", "calls/s", "last call completed"):
+        table.add_column(col, overflow="fold")
+    for p in diagnosis.paces:
+        rate = "" if p.rate is None else f"{p.rate:.0f}"
+        quiet = "" if p.quiet is None or p.finished else f"{p.quiet:.2f} s before the end"
+        table.add_row(str(p.rank), diagnosis.elsewhere.get(p.rank, ""), rate, quiet)
+    console.print(table)
+
+
 def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> None:
     console.print(Text.assemble(("Diagnosis: ", "bold"), (diagnosis.kind, "bold yellow"), " — culprit ranks ",
                                 (ranks_text(diagnosis.culprits) or "none identified", "bold")))
     console.print(f"  {diagnosis.summary}", markup=False, highlight=False, soft_wrap=True)
+    for cause in diagnosis.causes[1:MAX_ROWS]:  # (the headline cause is in the summary)
+        console.print(f"  also: {cause.text}", markup=False, highlight=False, soft_wrap=True)
+    if diagnosis.candidates:
+        console.print("  The evidence cannot decide between these ranks:", style="bold")
+        for cause in diagnosis.candidates[:MAX_ROWS * 2]:
+            console.print(f"    rank {cause.rank}: {cause.text}", markup=False, highlight=False, soft_wrap=True)
+    if diagnosis.paces:
+        _render_paces(diagnosis, console)
+        return
     if diagnosis.waits:
         table = Table(title="Waiting ranks", title_justify="left")
         for col in ("rank", "step", "op", "call", "group", "mesh", "dim", "group coord", "missing"):

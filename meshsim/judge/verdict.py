@@ -11,7 +11,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.outcome import CRASH, ERROR, HANG, PASS, UNDEFINED, outcome_of
+from ..core.outcome import CRASH, ERROR, HANG, PASS, SLOW, UNDEFINED, outcome_of
 from ..core.record import RankState, RunRecord
 from ..core.wire import (
     DIED,
@@ -266,7 +266,7 @@ def judge(record: RunRecord, work: str = "plan", plan: Plan | None = None, predi
             hit.ranks = set(record.classes.expand(hit.ranks))
         for difference in differences:
             difference.rows = [(record.classes.expand(ranks), e, o) for ranks, e, o in difference.rows]
-    outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences))
+    outcome = outcome_of((s.end for s in record.states), record.timed_out, bool(differences), record.still_moving)
     expected = prediction.outcome if prediction is not None else PASS
     verdict = Verdict(work, record.world, outcome, expected, record, differences, hits, plan=plan,
                       prediction=prediction, strict=strict, script=script, topology=topology)
@@ -275,7 +275,7 @@ def judge(record: RunRecord, work: str = "plan", plan: Plan | None = None, predi
         if isinstance(expected, Quirk) and outcome != expected.right and expected.torch in (outcome, UNDEFINED):
             hit = hits.setdefault(expected.finding, FindingHit(expected.finding))
             hit.where.append(f"outcome {outcome}")
-    if outcome in (HANG, CRASH, ERROR):
+    if outcome in (HANG, CRASH, ERROR, SLOW):
         verdict.diagnosis = diagnose(record, plan, prediction)
     return verdict
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..judge.blame import KINDS
+from ..core.outcome import KINDS
 from .records import FAILED, TIMED_OUT, Call, Incident, _ranks_text
 
 DEAD, STALLED, SKIPPED = KINDS["dead"], KINDS["straggler"], KINDS["skipped"]
@@ -59,6 +59,8 @@ class Analysis:
     summary: str = ""
     notes: list[str] = field(default_factory=list)
     culprits_at: dict[int, str] = field(default_factory=dict)  # each culprit's last recorded call, and where
+    candidates: list[Cause] = field(default_factory=list)  # the evidence cannot decide: who may be, and why
+    note: str = ""  # the rule's own word on it (meshsim.judge.blame.Blame.note)
 
     @property
     def headline(self) -> Cause | None:
@@ -70,6 +72,7 @@ class Analysis:
                 "causes": [c.to_json() for c in self.causes],
                 "waiting": [w.to_json(incident) for w in self.waits],
                 "victims": {str(r): t for r, t in sorted(self.victims.items())},
+                "candidates": [c.to_json() for c in self.candidates],
                 "completed_mismatched": self.mismatches, "notes": self.notes}
 
 
@@ -77,6 +80,7 @@ def analyze(incident: Incident) -> Analysis:
     """The incident judged by meshsim's one culprit rule (meshsim.judge.blame), on the record the dumps make
     (to_record), and described with what only the dumps say (the states, sizes and queues of the calls)."""
     from ..judge.blame import blame
+    from .unrecorded import twins_apart, unrecorded
 
     found = blame(to_record(incident))
     seen: dict[tuple, tuple[list[int], list[int]]] = {}  # ranks waiting in one call share who they wait for
@@ -87,10 +91,11 @@ def analyze(incident: Incident) -> Analysis:
     kind = causes[0].kind if causes else found.kind if found.culprits else \
         (UNKNOWN if waits else "no hang in the dumps")
     mismatches, partners = _completed_mismatches(incident, {c.rank: c for c in causes})
-    victims = _victims(incident, waits, culprits, partners)
-    analysis = Analysis(kind, culprits, causes, waits, victims, mismatches, notes=list(incident.notes))
+    victims = _victims(incident, waits, culprits + [c.rank for c in found.candidates], partners)
+    analysis = Analysis(kind, culprits, causes, waits, victims, mismatches, notes=list(incident.notes),
+                        candidates=[_absent_cause(incident, c) for c in found.candidates], note=found.note)
     analysis.culprits_at = {r: _last_seen(incident, r) for r in culprits}
-    analysis.notes += _stopped_together(incident, analysis)
+    analysis.notes += _stopped_together(incident, analysis) + twins_apart(incident, unrecorded(incident))
     analysis.summary = _summary(incident, analysis)
     return analysis
 
@@ -182,11 +187,14 @@ def _completed_mismatches(incident: Incident, causes: dict[int, Cause]) -> tuple
             parts = "; ".join(f"rank {m}: {c.op} {list(map(list, c.in_sizes))} at {c.site}"
                               for m, c in sorted(calls.items()))
             texts.append(f"#{seq} on {g.describe()} completed with different calls ({parts})")
-            skippers = [c.rank for c in causes.values() if c.kind == SKIPPED and c.group == key]
+            # the culprits among its members whose call there is not the others' (a skip, an added call, a call
+            # meant for another group)
             for m, c in calls.items():
-                if m not in causes and skippers:
+                odd = sorted(r for r in calls if r in causes and r != m and calls[r].site != c.site)
+                if m not in causes and odd:
+                    did = {SKIPPED: "which had skipped one"}.get(causes[odd[0]].kind, "which is to blame")
                     partners.setdefault(m, f"completed #{seq} on {g.describe()} ({c.op} at {c.site}) paired with "
-                                           f"a different call of rank {_ranks_text(skippers)}, which had skipped one")
+                                           f"a different call of rank {_ranks_text(odd)}, {did}")
     return texts, partners
 
 
@@ -222,6 +230,8 @@ def _victims(incident: Incident, waits: list[Wait], culprits: list[int], partner
 
 
 def _summary(incident: Incident, analysis: Analysis) -> str:
+    if not analysis.causes and analysis.candidates:
+        return f"{analysis.kind}: " + "; ".join(c.text for c in analysis.candidates) + f". {analysis.note}"
     if not analysis.causes:
         if analysis.waits:
             return f"{analysis.kind}: {len(analysis.waits)} ranks wait, and no rank can be named as the cause."
@@ -254,6 +264,7 @@ def to_record(incident: Incident, analysis: Analysis | None = None, deadline: fl
                 state.created[key] = tuple(g.ranks)
                 state.created_as[key] = g.desc
                 state.calls_on[key] = 1  # collective_seq_id counts from 1: none issued is "one past 0"
+        state.group_index = {key: pg_id for key, pg_id in record.pg_id_of.items() if pg_id > 0}
         state.groups_created = sum(1 for g in incident.groups.values() if g.desc != "default_pg")
         state.meshes = [(0, m.shape, m.names, tuple(range(incident.world))) for m in incident.meshes]
         absent = incident.absent.get(rank)
@@ -280,10 +291,13 @@ def to_record(incident: Incident, analysis: Analysis | None = None, deadline: fl
             state.call = _begun(incident, rank, held)
             stacks[rank] = _stack_text(incident, rank, held)
         states.append(state)
+    from .unrecorded import unrecorded, unseen_text
+
     source = (f"replayed from Flight Recorder dumps in {incident.directory} (version {incident.version}, "
               f"{incident.backend})")
     notes = [source, *incident.notes]
-    return RunRecord(incident.world, deadline, states, 0.0, True, stacks, tier="replay", notes=notes)
+    return RunRecord(incident.world, deadline, states, 0.0, True, stacks, tier="replay", notes=notes,
+                     unseen=unseen_text(incident, unrecorded(incident)))
 
 
 P2P_KIND = "send/recv"  # the judge compares the calls of a pair's group: a send and its receive are one call

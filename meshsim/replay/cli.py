@@ -97,8 +97,8 @@ def _exit_code(analysis: Any, run: Any) -> int:
     """As `meshsim run`: 1 when the hang reproduces (or, not replayed, when the dumps show one), 0 when the replayed
     sequence completes (the dumps did not hold the cause: the report says so)."""
     if run is None:
-        return 1 if analysis.culprits else 0
-    return 1 if run.result.outcome in ("hang", "crash", "error") else 0
+        return 1 if analysis.culprits or analysis.candidates else 0
+    return 1 if run.result.outcome in ("hang", "crash", "error", "slow") else 0
 
 
 def _run(scenario: Any, tier: str) -> tuple[Any, str | None]:

@@ -45,6 +45,7 @@ class Call:
     peer: str = ""  # a p2p op's "0->1"
     frames: tuple = ()  # (name, filename, line), innermost first, as recorded
     timeout_ms: int = 0  # how long its group lets it wait (0: not recorded)
+    op_id: int = 0  # the group's count of every op the rank made on it, recorded or not (0: not recorded)
 
     @property
     def finished(self) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import deadlines
+from ..core import deadlines, pace
 from ..core.ranks import ranks_text
 from ..core.record import RankState, RunStatus
 from ..core.wire import (
@@ -82,6 +82,11 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
     ticker = _Ticker(hosted, states, started, echo, watch, on_quiet)
     try:
         first_death = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, ticker)
+        extra = 0.0 if first_death is not None or from_last_message or not any(h.pending for h in hosted) \
+            else pace.grace(states, time.time())
+        if extra > 0:  # every unfinished rank still completes calls: watch a little longer before calling it
+            first_death = _loop(hosted, states, started, deadline + extra, from_last_message, stop_on_failure,
+                                ticker)
     except KeyboardInterrupt:  # Ctrl-C where the caller lets it through (launch): the run so far is the record
         return {rank for h in hosted for rank in h.pending}, "interrupted"
     ticker.last()

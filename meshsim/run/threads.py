@@ -254,7 +254,7 @@ class ThreadExecutor(Pooled):
         for rank in stuck:
             states[rank].end = STUCK
         record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
-                           tier=self.tier, stopped=stopped)
+                           tier=self.tier, stopped=stopped, ended_at=time.time())
         if record.timed_out or record.died:
             record.stacks = self._stacks(generation, record.stuck)
             self.pool.refresh()

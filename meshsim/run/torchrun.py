@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..core import deadlines
+from ..core import deadlines, pace
 from ..core.record import RankState, RunRecord
 from ..core.wire import STUCK, CallBegun, RunPlan
 from ..spec.platform import platform_for
@@ -43,7 +43,8 @@ def under_torchrun() -> bool:
 # --------------------------------------------------------------------------------------------- progress
 
 _STATE_FIELDS = ("step", "op", "out", "call", "calls_on", "groups_created", "created", "meshes", "done",
-                 "end", "end_step", "failed_in", "failure", "created_as")
+                 "end", "end_step", "failed_in", "failure", "created_as", "created_at", "group_index", "completed",
+                 "done_times")
 
 
 def state_to_json(state: RankState) -> str:
@@ -242,19 +243,21 @@ class TorchrunExecutor:
         if self.store.compare_set(f"reporter/{index}", "", str(self.rank)).decode() == str(self.rank):
             try:
                 time.sleep(min(1.0, work.deadline / 4))  # let the other watchdogs publish their stacks
+                # every unfinished rank still completes calls: watch a little longer before calling it a hang
+                time.sleep(pace.grace(read_states(self.store, index, self.world), time.time()))
                 self.on_hang(work, self._hung_record(index, work))
             finally:
                 self.store.set("verdict", "1")
         else:
             try:
-                self.store.wait(["verdict"], timedelta(seconds=REPORT_WAIT_S))
+                self.store.wait(["verdict"], timedelta(seconds=REPORT_WAIT_S + pace.MAX_WINDOW_S))
             except Exception:
                 pass
         os._exit(1)
 
     def _hung_record(self, index: int, work: Any) -> RunRecord:
         states = read_states(self.store, index, self.world)
-        record = RunRecord(self.world, work.deadline, states, work.deadline, True)
+        record = RunRecord(self.world, work.deadline, states, work.deadline, True, ended_at=time.time())
         record.stacks = {r: self.store.get(f"stack/{index}/{r}").decode() for r in range(self.world)
                          if states[r].end == STUCK and self.store.check([f"stack/{index}/{r}"])}
         return record

@@ -12,8 +12,7 @@ import tomli_w
 
 from ..core import deadlines
 from ..core.errors import InputError
-from ..core.outcome import OUTCOMES, PASS
-from ..judge.diagnose import KINDS
+from ..core.outcome import KINDS, OUTCOMES, PASS, implied
 from ..ops import validate
 from ..spec.plan import Plan, PlanError
 from ..spec.topology import Topology, TopologyError
@@ -157,6 +156,9 @@ def _expect(raw: Any, world: int) -> Expect:
     kind = raw.get("kind")
     if kind is not None and kind not in KINDS.values():
         raise ScenarioError(f"[expect] kind must be one of {', '.join(KINDS.values())}, got {kind!r}")
+    if kind is not None and implied(kind) not in (None, outcome):
+        raise ScenarioError(f"[expect] kind {kind!r} is a run that ends as {implied(kind)!r}, but outcome is "
+                            f"{outcome!r}")
     mesh_dim = raw.get("mesh_dim")
     if mesh_dim is not None and not (isinstance(mesh_dim, str) or type(mesh_dim) is int):
         raise ScenarioError(f"[expect] mesh_dim must be a dim name or index, got {mesh_dim!r}")

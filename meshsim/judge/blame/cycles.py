@@ -1,0 +1,192 @@
+"""Waits that form a cycle: every rank waits for another that waits in turn.
+
+A correct program does not deadlock, so some call in the cycle does not fit the program. Pipelines (broadcasts on
+pair groups, send/recv) wait around a cycle by design until one stage breaks the pattern: the culprit is the rank
+whose call does not fit what the other ranks do at that line (the part, or the peer, it calls with), not the whole
+cycle. Calls made in different orders (a rank that takes two groups' calls the other way round) break the program
+order most ranks follow. Where neither tells, the evidence cannot decide: the cycle's ranks are candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ...core.outcome import KINDS
+from ...core.ranks import group_text, ranks_text
+from ...core.record import RankState
+from ...core.wire import CallBegun
+from .calls import Cause, site_text
+from .parts import StateOrder
+
+PARTS = ("dim", "siblings")  # the parts several groups play (meshsim.judge.blame.parts.roles_of)
+
+
+def cycle_causes(states: list[RankState], order: StateOrder, held: dict[int, CallBegun],
+                 upstream: dict[int, set[int]], divergent: set[int]) -> dict[int, Cause]:
+    """The ranks of a cycle of waits whose call breaks the pattern (off_pattern), else the program order
+    (by_order)."""
+    return off_pattern(states, order, held, upstream) or by_order(order, held, upstream, divergent)
+
+
+def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, CallBegun],
+                upstream: dict[int, set[int]]) -> dict[int, Cause]:
+    """Ranks in the cycle (or, where whom they wait for is not known, the held ranks that others wait for) whose
+    held call, made at a line where most ranks that made it call on one kind of group,
+    calls on another: a receive from the wrap-around peer where every other stage receives from the stage before
+    it. A kind of group is a part several groups play (a mesh dim, sibling groups: the same for every rank), else
+    the group's relation to the rank: its peer (a channel's ends, a pair's other member), or, where a group's
+    members are not known (gloo's dumps name none), its place among the rank's own groups (torch's pg_id: the
+    group with the stage before it is each middle stage's first)."""
+    cycle = _in_cycle(upstream)
+    if not cycle:  # whom the held ranks wait for is not known (a group's other members): the ranks waited for
+        cycle = {m for ranks in upstream.values() for m in ranks if m in held}
+    members = _members(states, held)
+    for shape in (lambda r, g: _shape(r, g, members, order), lambda r, g: _nth(states, r, g, order)):
+        found = _odd_ones(states, held, cycle, shape, order.roles)
+        if found and len(found) < len(cycle):
+            return found
+    return {}
+
+
+def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[int],
+              shape: Callable[[int, str], Any], roles: dict[str, Any]) -> dict[int, Cause]:
+    made: dict[tuple[Any, str], dict[Any, set[int]]] = {}  # (site, kind) -> the kinds of group it was made on -> ranks
+    for s in states:
+        for (group, _), (site, kind) in s.call_log.items():
+            if site is not None:
+                made.setdefault((site, kind), {}).setdefault(shape(s.rank, group), set()).add(s.rank)
+    found: dict[int, Cause] = {}
+    for r in sorted(cycle):
+        call = held[r]
+        seen = made.get((call.site, call.kind), {}) if call.site is not None else {}
+        top = sorted(((len(ranks), shape) for shape, ranks in seen.items()), key=lambda t: (t[0], repr(t[1])),
+                     reverse=True)
+        counts = Counter(n for n, _ in top)
+        mine = shape(r, call.group)
+        if not top or counts[top[0][0]] > 1 or top[0][0] < 2 or top[0][1] == mine:
+            continue
+        usual, others = top[0][1], sorted(seen[top[0][1]])
+        text = (f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
+                f"{site_text(call.site)}, {_said(mine)}, where rank{'s' if len(others) > 1 else ''} "
+                f"{ranks_text(others)} call there {_said(usual)}: its call does not fit the pattern its siblings "
+                f"follow, and ranks {ranks_text(sorted(cycle))} wait behind it")
+        if mine[0] in PARTS and usual[0] in PARTS:  # another part than its siblings there: the wrong group
+            waited = _waited_on(states, held, r, {g for g, role in roles.items() if role == usual}) or call
+            found[r] = Cause(r, KINDS["mismatched"], text + (
+                f"; its peers wait for it in {waited.kind} #{waited.seq} on group {group_text(waited.ranks)}"
+                if waited is not call else ""), waited.group, waited.seq)
+        else:  # another peer: a stage of a cycle
+            found[r] = Cause(r, KINDS["reordered"], text, call.group, call.seq)
+    return found
+
+
+def _waited_on(states: list[RankState], held: dict[int, CallBegun], r: int, wanted: set[str]) -> CallBegun | None:
+    """A call that other ranks wait in for rank r, on one of the groups `wanted` (where its peers call)."""
+    for rank, call in sorted(held.items()):
+        if rank != r and r in call.ranks and call.group in wanted and states[r].calls_on.get(call.group, 0) <= call.seq:
+            return call
+    return None
+
+
+def _in_cycle(upstream: dict[int, set[int]]) -> set[int]:
+    """The ranks on a cycle of waits (each waits for the next, the last for the first)."""
+    on: set[int] = set()
+    for start in upstream:
+        path, rank, seen = [start], start, {start}
+        while True:
+            nxt = sorted(upstream.get(rank, ()))
+            if not nxt:
+                break
+            rank = nxt[0]
+            if rank in seen:
+                on.update(path[path.index(rank):])
+                break
+            seen.add(rank)
+            path.append(rank)
+    return on
+
+
+def _members(states: list[RankState], held: dict[int, CallBegun]) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for s in states:
+        out.update(s.created)
+    for call in held.values():
+        out.setdefault(call.group, tuple(call.ranks))
+    return out
+
+
+def _shape(rank: int, group: str, members: dict[str, tuple[int, ...]], order: StateOrder) -> Any:
+    """What kind of group a rank calls on, as its siblings would call on theirs: a part that several groups play
+    (a mesh dim, sibling groups) by its name; a point-to-point channel by its ends, and a group of two by its
+    other member, relative to the rank; any other group by itself."""
+    role = order.roles.get(group)
+    if isinstance(role, tuple) and role[0] in PARTS:
+        return role
+    _, arrow, ends = group.rpartition(":")
+    if arrow and "->" in ends:
+        src, _, dst = ends.partition("->")
+        if src.isdigit() and dst.isdigit():
+            return ("channel", int(src) - rank, int(dst) - rank)
+    ranks = members.get(group)
+    if ranks is not None and len(ranks) == 2 and rank in ranks:
+        return ("pair", next(m for m in ranks if m != rank) - rank)
+    return ("group", group)
+
+
+def _nth(states: list[RankState], rank: int, group: str, order: StateOrder) -> Any:
+    role = order.roles.get(group)
+    if isinstance(role, tuple) and role[0] in PARTS:
+        return role
+    index = states[rank].group_index.get(group)
+    return ("nth", index) if index is not None else ("group", group)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+def _said(shape: Any) -> str:
+    kind = shape[0]
+    if kind == "nth":
+        return f"on the {_ordinal(shape[1])} group it is a member of (in the order they were made)"
+    if kind == "dim":
+        return f"on mesh dim {shape[1]!r}"
+    if kind == "siblings":
+        return "on its own group of the sibling groups"
+    if kind == "channel":
+        return f"from the rank {shape[1]:+d} from it" if shape[2] == 0 else f"to the rank {shape[2]:+d} from it"
+    if kind == "pair":
+        return f"with the rank {shape[1]:+d} from it"
+    return f"on group {shape[1]}"
+
+
+def by_order(order: StateOrder, held: dict[int, CallBegun], upstream: dict[int, set[int]],
+             divergent: set[int]) -> dict[int, Cause]:
+    """Calls made in different orders. The ranks whose held call breaks the majority's program order are to
+    blame. Where no rank made both calls (two ranks took a step's two calls in the other order: each side holds
+    only its own), the call more ranks wait in is the program's next one, and the fewer ranks that wait in the
+    other parted from it; with no majority either, the plan's divergent ranks, else the evidence cannot decide and
+    every rank of the cycle is a candidate."""
+    blamed: dict[int, Cause] = {}
+    waiting = Counter(order.key(c.group, c.seq) for c in held.values())
+    for rank, call in held.items():
+        for m in upstream.get(rank, ()):
+            theirs = held.get(m)
+            if theirs is None:
+                continue
+            mine_key, their_key = order.key(call.group, call.seq), order.key(theirs.group, theirs.seq)
+            first = order.precedes(their_key, mine_key)
+            if first is False or (first is None and waiting[their_key] > waiting[mine_key]):
+                continue
+            undecided = first is None and waiting[their_key] == waiting[mine_key]
+            text = (f"rank {m} waits in {theirs.kind} #{theirs.seq} on group {group_text(theirs.ranks)} while rank "
+                    f"{rank} waits for it in {call.kind} #{call.seq} on group {group_text(call.ranks)}: the two make "
+                    "these calls in opposite orders" + (", and nothing tells which order the program's is"
+                                                        if undecided else ""))
+            if m not in blamed or (blamed[m].candidate and not undecided):
+                blamed[m] = Cause(m, KINDS["reordered"], text, call.group, call.seq, candidate=undecided)
+    if divergent & set(blamed):
+        blamed = {r: Cause(c.rank, c.kind, c.text, c.group, c.seq) for r, c in blamed.items() if r in divergent}
+    return blamed

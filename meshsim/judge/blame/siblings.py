@@ -1,0 +1,176 @@
+"""Siblings decide, and counts come before order.
+
+SPMD code makes the same calls on every group of one part (every group of a mesh dim, every group of one
+new_subgroups or enumeration call): where the members of one group made different calls at one position, the groups
+of its part elsewhere say which call the program makes there, and so who departs from it. A group of two members,
+or with no majority, cannot decide alone; a group's majority that departs from what every sibling does is not the
+program either (each host's local rank 0 adding a call leaves three members of each tp group that look like they
+skipped one).
+
+A rank with one call more or one call fewer on a group than its peers make is the culprit, whichever side waits:
+where members finished without a call that the others wait in, and the part's other ranks finished without it too,
+the ranks that wait added it; where the calls alternate (A B A B), so that a rank's call looks like the next one
+and its next like this one, its count against its siblings' tells a call fewer from one more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.outcome import KINDS
+from ...core.ranks import group_text, ranks_text
+from ...core.record import RankState
+from ...core.wire import FINISHED, CallBegun
+from .calls import Cause, held_in, site_text
+from .parts import Reference
+
+AMBIGUOUS = object()  # a departure that fits a skip and an added call equally: the group's own evidence decides
+
+
+def by_siblings(states: list[RankState], ref: Reference, call: CallBegun, seq: int,
+                camps: dict[Any, list[int]]) -> list[Cause] | None:
+    """The members of `call`'s group made the calls `camps` ((site, kind) -> ranks) at position seq: the camps that
+    depart from what the part's other groups make there, each member with what it did. None where the siblings
+    cannot say (none got there, they disagree, or no camp or several make their call)."""
+    part = ref.part(call.group)
+    members = [m for m in call.ranks if m < len(states)]
+    program = ref.program(part, seq, exclude=members)
+    if program is None:
+        return None
+    matching = [e for e in camps if e == program] or [e for e in camps if e[1] == program[1]]
+    if len(matching) != 1:
+        return None
+    after = ref.program(part, seq + 1, exclude=members)
+    causes = []
+    for entry, ranks in sorted(camps.items(), key=repr):
+        if entry == matching[0]:
+            continue
+        for r in ranks:
+            cause = _departure(ref, part, call, seq, entry, r, (program, after), members)
+            if cause is AMBIGUOUS:
+                return None
+            if isinstance(cause, Cause):
+                causes.append(cause)
+    return causes
+
+
+def _departure(ref: Reference, part: Any, call: CallBegun, seq: int, entry: Any, r: int,
+               program: tuple[Any, Any], members: list[int]) -> Any:
+    """How rank r's call `entry` at position seq departs from the program's (its call there, and the next); None
+    where it is the program's own branch (the same call from another line)."""
+    here, after = program
+    group = f"group {group_text(call.ranks)}"
+    peers = f"its peers on {ref.describe(part)}"
+    inserted = ref.entry(r, part, seq + 1) == here
+    skipped = after is not None and entry == after
+    if inserted and skipped:  # calls that alternate (A B A B): one call fewer or one more, counts tell
+        mine, theirs = ref.count(r, part), ref.counts(part, exclude=members).most_common(1)
+        if mine is None or not theirs or mine == theirs[0][0]:
+            return AMBIGUOUS
+        inserted, skipped = mine > theirs[0][0], mine < theirs[0][0]
+    if inserted:
+        return Cause(r, KINDS["mismatched"], f"rank {r} added a call the others do not make: {entry[1]} #{seq} on "
+                     f"{group} at {site_text(entry[0])}; {peers} make {here[1]} there (at {site_text(here[0])}), "
+                     "which is its next call", call.group, seq)
+    if skipped and entry[1] != here[1] and held_in(ref.states[r], call.group, seq):
+        # held in that very call: whether it skipped the first or makes it after, nothing it did yet tells
+        return Cause(r, KINDS["reordered"], f"rank {r} made {entry[1]} #{seq} on {group} at {site_text(entry[0])} "
+                     f"where {peers} make {here[1]} first and {entry[1]} next: it makes them in another order (or "
+                     "skipped the first)", call.group, seq)
+    if skipped:
+        return Cause(r, KINDS["skipped"], f"rank {r} skipped {here[1]} #{seq} on {group} (made at "
+                     f"{site_text(here[0])}): its call there is the one {peers} make next", call.group, seq)
+    if after is not None and entry[1] == after[1]:
+        return Cause(r, KINDS["reordered"], f"rank {r} made {entry[1]} #{seq} on {group} at {site_text(entry[0])} "
+                     f"where {peers} make {here[1]} first and {after[1]} next: it makes them in another order",
+                     call.group, seq)
+    if entry[1] == here[1]:
+        return None
+    return Cause(r, KINDS["mismatched"], f"rank {r} made {entry[1]} #{seq} on {group} at {site_text(entry[0])} "
+                 f"where {peers} make {here[1]}", call.group, seq)
+
+
+def ended_without(states: list[RankState], ref: Reference, call: CallBegun, inside: set[int],
+                  gone: list[int]) -> bool:
+    """Whether the program has no call at `call`'s position: more of the ranks that play its part finished
+    without one (its members that finished, and the part's other ranks) than made one."""
+    part = ref.part(call.group)
+    without = with_ = 0
+    for r in ref.ranks(part, exclude=call.ranks):
+        count = ref.count(r, part) or 0
+        if count > call.seq:
+            with_ += 1
+        elif states[r].end == FINISHED:
+            without += 1
+    return len(gone) + without > len(inside) + with_
+
+
+def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Counts against siblings, where nothing else explains the waits: a minority of a part's ranks held in a call
+    on its groups, where every other rank of the part (its sibling groups' too) made fewer calls there and went on
+    or finished, made one call more than their peers: an evaluation all_reduce under `if rank == 1` followed by a
+    barrier every rank makes. (Where the part is one group, or none of its other ranks called on it yet, ranks that
+    take two groups' calls in another order look the same: the cycle rule says so.)"""
+    found: dict[int, Cause] = {}
+    for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
+        inside = {r for r, c in held.items() if c.site == site}
+        alone = not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
+        for r in sorted(inside):
+            call = held[r]
+            part = ref.part(call.group)
+            ranks = ref.ranks(part)
+            if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(inside & set(ranks)) >= len(ranks):
+                continue
+            others = [m for m in ranks if m not in inside]
+            if all((ref.count(m, part) or 0) <= call.seq for m in others):
+                usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
+                found[r] = Cause(r, KINDS["mismatched"], (
+                    f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
+                    f"{group_text(call.ranks)} at {site_text(site)}{', a line no other rank reached,' if alone else ''}"
+                    f" where its peers on {ref.describe(part)} made {usual} call{'s' if usual != 1 else ''} there and "
+                    "went on"), call.group, call.seq)
+    return found
+
+
+def on_another_group(states: list[RankState], ref: Reference, held: dict[int, CallBegun],
+                     causes: dict[int, Cause]) -> None:
+    """A culprit that added a call on one part, made where its peers make the same call on another part that
+    waits for it, called on another group than its peers (a call on the wrong mesh dim): its cause is said so, on
+    the group its peers wait on (its partner that completed the call with it, and the ranks held up after, are
+    waiting, each with why)."""
+    for r, cause in list(causes.items()):
+        if cause.group is None or cause.seq is None or cause.kind != KINDS["mismatched"] or \
+                held_in(states[r], cause.group, cause.seq):  # (held in it: calls in another order, a cycle)
+            continue
+        made = states[r].call_log.get((cause.group, cause.seq))
+        if made is None:
+            continue
+        position = _position(states[r], cause.group, cause.seq)
+        for rank, call in sorted(held.items()):
+            if r not in call.ranks or ref.part(call.group) == ref.part(cause.group) or \
+                    states[r].calls_on.get(call.group, 0) > call.seq or call.kind != made[1]:
+                continue
+            there = states[rank].call_log.get((call.group, call.seq))
+            if there is None or not (there[0] == made[0] or _position(states[rank], call.group, call.seq) == position):
+                continue
+            waiting = sorted(w for w, c in held.items() if (c.group, c.seq) == (call.group, call.seq))
+            causes[r] = Cause(r, KINDS["mismatched"], (
+                f"rank {r} made {made[1]} at {site_text(made[0])} on {ref.describe(ref.part(cause.group))} (group "
+                f"{group_text(_members(states, cause.group))}) where its peers make it on "
+                f"{ref.describe(ref.part(call.group))}: rank{'s' if len(waiting) > 1 else ''} {ranks_text(waiting)} "
+                f"wait{'' if len(waiting) > 1 else 's'} for it in {call.kind} #{call.seq} on group "
+                f"{group_text(call.ranks)}"), call.group, call.seq)
+            break
+
+
+def _position(state: RankState, group: str, seq: int) -> int | None:
+    """Where a call stands in the rank's own sequence of calls (its n-th call)."""
+    try:
+        return state.issued.index((group, seq))
+    except ValueError:
+        return None
+
+
+def _members(states: list[RankState], group: str) -> list[int]:
+    return sorted({s.rank for s in states if group in s.calls_on} |
+                  {m for s in states for m in s.created.get(group, ())})

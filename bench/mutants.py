@@ -21,9 +21,11 @@ Each mutant is one of:
 - survived: the sweep passed. "not reached" when the unmutated sweep (same seed) never ran the mutated statement:
   it passes by construction, so it is not run.
 - timed out: the sweep did not end within the timeout.
+- incompetent (cosmic-ray's word): the sweep failed because the mutated module no longer imports (a changed
+  module-level expression); every test sees that, so it says nothing of reach and is left out of the score.
 - equivalent: listed in bench/mutants-equivalent.toml with the reason it changes nothing a program can observe
   (still run: a listed mutant that is killed is reported as a wrong entry).
-The score is killed / (sampled - equivalent).
+The score is killed / (sampled - equivalent - incompetent).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ FILES = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.py"
 SWEEP = ("--hosts", "2", "--devices-per-host", "4", "--examples", "200")  # the README's first command
 PER_FILE, QUICK_PER_FILE, SEED, TIMEOUT, KILL_GOAL_S, SCORE_GOAL = 40, 4, 32, 300.0, 60.0, 90.0
 KILLED, SURVIVED, TIMED_OUT, NOT_REACHED = "killed", "survived", "timed out", "not reached"
+INCOMPETENT = "incompetent"  # cosmic-ray's word: the mutated module no longer imports
 
 
 @dataclass
@@ -252,9 +255,14 @@ def run_one(mutant: Mutant, source: str, seed: int, timeout: float) -> Outcome:
         except subprocess.TimeoutExpired:
             return Outcome(mutant, TIMED_OUT, time.monotonic() - started, f"no end within {timeout:g} s")
         seconds = time.monotonic() - started
-    if out.returncode == 0:
-        return Outcome(mutant, SURVIVED, seconds)
-    return Outcome(mutant, KILLED, seconds, _failure_words(out.stdout, out.stderr, out.returncode))
+        if out.returncode == 0:
+            return Outcome(mutant, SURVIVED, seconds)
+        why = _failure_words(out.stdout, out.stderr, out.returncode)
+        broken = subprocess.run([sys.executable, "-c", f"import {mutant.module}"], capture_output=True, text=True,
+                                timeout=timeout, cwd=folder, env=_environment(mutant, folder))
+        if broken.returncode != 0:
+            return Outcome(mutant, INCOMPETENT, seconds, _failure_words("", broken.stderr, broken.returncode))
+    return Outcome(mutant, KILLED, seconds, why)
 
 
 def baseline(seed: int, timeout: float) -> tuple[float, dict[str, set[int]]]:
@@ -284,7 +292,11 @@ class FileResult:
 
     @property
     def equivalent(self) -> int:
-        return sum(1 for o in self.outcomes if o.equivalent and o.status != KILLED)
+        return sum(1 for o in self.outcomes if o.equivalent and o.status not in (KILLED, INCOMPETENT))
+
+    @property
+    def incompetent(self) -> int:
+        return sum(1 for o in self.outcomes if o.status == INCOMPETENT)
 
     @property
     def survived(self) -> int:
@@ -292,7 +304,7 @@ class FileResult:
 
     @property
     def judged(self) -> int:
-        return len(self.outcomes) - self.equivalent
+        return len(self.outcomes) - self.equivalent - self.incompetent
 
     @property
     def score(self) -> float:
@@ -379,12 +391,13 @@ def render(table: list[FileResult], console: object) -> None:
 
     out = Table(title="mutants of torch's DeviceMesh and DTensor files against a default sweep", title_justify="left")
     for column in ("file", "mutants", "unclaimed", "sampled", "killed", "survived (not reached)", "timed out",
-                   "equivalent", "score", "median time to kill", "slowest kill"):
+                   "equivalent", "incompetent", "score", "median time to kill", "slowest kill"):
         out.add_column(column)
     for e in [*table, totals(table)]:
         out.add_row(_short(e.file), str(e.mutants), str(e.unclaimed), str(len(e.outcomes)), str(e.count(KILLED)),
                     f"{e.survived} ({e.count(NOT_REACHED)})", str(e.count(TIMED_OUT)), str(e.equivalent),
-                    f"{e.score:.1f}%", f"{e.median_kill:.0f} s", f"{max(e.kill_times, default=0):.0f} s")
+                    str(e.incompetent), f"{e.score:.1f}%", f"{e.median_kill:.0f} s",
+                    f"{max(e.kill_times, default=0):.0f} s")
     console.print(out)  # type: ignore[attr-defined]
 
 
@@ -393,14 +406,15 @@ def markdown(table: list[FileResult], seed: int, per_file: int, base_seconds: fl
     lines = [f"# Mutants of torch's DeviceMesh and DTensor files (seed {seed}, {per_file} a file)", "",
              f"The test: `meshsim fuzz {' '.join(SWEEP)} --seed {seed}` (unmutated: passed in {base_seconds:.0f} s).",
              "", "| file | mutants | unclaimed | sampled | killed | survived (not reached) | timed out | equivalent "
-             "| score | median time to kill |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| incompetent | score | median time to kill |", "|" + " --- |" * 11]
     for e in [*table, totals(table)]:
         lines.append(f"| {_short(e.file)} | {e.mutants} | {e.unclaimed} | {len(e.outcomes)} | {e.count(KILLED)} | "
                      f"{e.survived} ({e.count(NOT_REACHED)}) | {e.count(TIMED_OUT)} | {e.equivalent} | "
-                     f"{e.score:.1f}% | {e.median_kill:.0f} s |")
+                     f"{e.incompetent} | {e.score:.1f}% | {e.median_kill:.0f} s |")
     sources = {e.file: torch_source(e.file) for e in table}
-    kinds = (("Survivors", lambda o: o.status != KILLED and not o.equivalent),
+    kinds = (("Survivors", lambda o: o.status in (SURVIVED, NOT_REACHED, TIMED_OUT) and not o.equivalent),
              ("Equivalent (bench/mutants-equivalent.toml)", lambda o: o.status != KILLED and o.equivalent),
+             ("Incompetent: the module no longer imports", lambda o: o.status == INCOMPETENT),
              ("Listed as equivalent, but killed: wrong entries", lambda o: o.status == KILLED and o.equivalent))
     for title, pick in kinds:
         chosen = [o for e in table for o in e.outcomes if pick(o)]

@@ -36,6 +36,7 @@ import difflib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +56,7 @@ FILES = ("torch/distributed/device_mesh.py", "torch/distributed/_mesh_layout.py"
          "torch/distributed/tensor/_collective_utils.py", "torch/distributed/tensor/_api.py",
          "torch/distributed/tensor/_utils.py")
 SWEEP = ("--hosts", "2", "--devices-per-host", "4", "--examples", "200")  # the README's first command
-PER_FILE, QUICK_PER_FILE, SEED, TIMEOUT, KILL_GOAL_S, SCORE_GOAL = 40, 4, 32, 300.0, 60.0, 90.0
+PER_FILE, QUICK_PER_FILE, SEED, TIMEOUT, KILL_GOAL_S, SCORE_GOAL = 40, 4, 32, 900.0, 60.0, 90.0
 KILLED, SURVIVED, TIMED_OUT, NOT_REACHED = "killed", "survived", "timed out", "not reached"
 INCOMPETENT = "incompetent"  # cosmic-ray's word: the mutated module no longer imports
 
@@ -243,24 +244,38 @@ def _failure_words(stdout: str, stderr: str, code: int) -> str:
         return f"exit {code}: {tail[-1][:200] if tail else 'no output'}"
 
 
+def _sweep(command: list[str], folder: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
+    """One sweep in a session of its own: past the timeout (or when the runner is interrupted) the whole session
+    goes (the controller, its forkserver and its ranks), not only the controller. None: it timed out."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder,
+                               env=env, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 def run_one(mutant: Mutant, source: str, seed: int, timeout: float) -> Outcome:
     """The sweep with one mutant served in place of its module: killed when it fails."""
     with tempfile.TemporaryDirectory(prefix="meshsim-mutant-") as folder:
         with open(os.path.join(folder, os.path.basename(mutant.file)), "w", encoding="utf-8") as fh:
             fh.write(mutate(mutant, source))
         started = time.monotonic()
-        try:
-            out = subprocess.run(sweep_command(seed, folder), capture_output=True, text=True, timeout=timeout,
-                                 cwd=folder, env=_environment(mutant, folder), start_new_session=True)
-        except subprocess.TimeoutExpired:
-            return Outcome(mutant, TIMED_OUT, time.monotonic() - started, f"no end within {timeout:g} s")
+        env = _environment(mutant, folder)
+        out = _sweep(sweep_command(seed, folder), folder, env, timeout)
         seconds = time.monotonic() - started
+        if out is None:
+            return Outcome(mutant, TIMED_OUT, seconds, f"no end within {timeout:g} s")
         if out.returncode == 0:
             return Outcome(mutant, SURVIVED, seconds)
         why = _failure_words(out.stdout, out.stderr, out.returncode)
-        broken = subprocess.run([sys.executable, "-c", f"import {mutant.module}"], capture_output=True, text=True,
-                                timeout=timeout, cwd=folder, env=_environment(mutant, folder))
-        if broken.returncode != 0:
+        broken = _sweep([sys.executable, "-c", f"import {mutant.module}"], folder, env, timeout)
+        if broken is not None and broken.returncode != 0:
             return Outcome(mutant, INCOMPETENT, seconds, _failure_words("", broken.stderr, broken.returncode))
     return Outcome(mutant, KILLED, seconds, why)
 
@@ -269,9 +284,10 @@ def baseline(seed: int, timeout: float) -> tuple[float, dict[str, set[int]]]:
     """The unmutated sweep with coverage: it must pass; what it never ran is where a mutant cannot be seen."""
     with tempfile.TemporaryDirectory(prefix="meshsim-mutant-") as folder:
         started = time.monotonic()
-        out = subprocess.run(sweep_command(seed, folder, ("--coverage",)), capture_output=True, text=True,
-                             timeout=timeout, cwd=folder, env=_environment(None, folder))
+        out = _sweep(sweep_command(seed, folder, ("--coverage",)), folder, _environment(None, folder), timeout)
         seconds = time.monotonic() - started
+    if out is None:
+        raise SystemExit(f"the unmutated sweep did not end within {timeout:g} s: no mutant can be judged against it")
     if out.returncode != 0:
         raise SystemExit(f"the unmutated sweep failed ({_failure_words(out.stdout, out.stderr, out.returncode)}): "
                          "no mutant can be judged against it")
@@ -334,7 +350,8 @@ def _save(results: str | None, outcome: Outcome) -> None:
 
 
 def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | None = None,
-            files: tuple[str, ...] = FILES, say: object = print) -> tuple[list[FileResult], float]:
+            files: tuple[str, ...] = FILES, say: object = print, keys: tuple[str, ...] = ()
+            ) -> tuple[list[FileResult], float]:
     """Sample each file's claimed mutants and run the sweep against each (`jobs` at a time). `results`: a JSON-lines
     file of outcomes; those already there are not run again (a long run resumes where it stopped)."""
     base_seconds, missing = baseline(seed, timeout)
@@ -348,7 +365,8 @@ def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | 
         claimed = [m for m in everything if claims.claimed(m.line)]
         entry = FileResult(file, len(everything), len(everything) - len(claimed))
         table.append(entry)
-        for mutant in sample(claimed, per_file, seed, file):
+        chosen = [m for m in claimed if m.key in keys] if keys else sample(claimed, per_file, seed, file)
+        for mutant in chosen:
             mutant.after = changed_line(source, mutate(mutant, source))
             reason = equivalent_reason(mutant, listed)
             if mutant.key in done:
@@ -461,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="sweeps at a time (default 2)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds a mutant's sweep may take")
     parser.add_argument("--file", action="append", choices=FILES, help="only these files (default: all seven)")
+    parser.add_argument("--key", action="append", default=[],
+                        help="only this mutant (FILE:OPERATOR:OCCURRENCE, as a report names it); repeatable")
     parser.add_argument("--results", help="a JSON-lines file of outcomes: those in it are not run again")
     parser.add_argument("--report", help="write the table and every survivor's diff here (markdown)")
     args = parser.parse_args(argv)
@@ -468,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=200)
     table, base_seconds = measure(args.per_file, args.seed, args.jobs, args.timeout, args.results,
-                                  tuple(args.file or FILES), say=console.print)
+                                  tuple(args.file or FILES), say=console.print, keys=tuple(args.key))
     render(table, console)
     if args.report:
         with open(args.report, "w") as fh:

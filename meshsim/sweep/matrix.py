@@ -29,6 +29,15 @@ def matrix_plans(world: int) -> list[Plan]:
         for kind in ("R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"):
             out.append(Plan(tuple(_matrix_steps(shape, d, kind))))
     if two:
+        out.append(Plan(tuple(_identity(list(two[0])))))
+        out.append(Plan(tuple(_distribute_sources(list(two[0])))))
+        out.append(Plan(tuple(_run_check_mixes(list(two[0])))))
+    deep = list(three[0]) if three else [two[0][0], 1, two[0][1]] if two else None
+    if deep is not None:
+        out.append(Plan(tuple(_derived_again(deep))))
+        for op in ("sum", "avg", "max", "min"):
+            out.append(Plan(tuple(_merges(deep, op))))
+    if two:
         out.append(Plan(tuple(_every_derived_mesh(list(two[0])))))
         out.append(Plan(tuple(_conditions(list(two[0])))))
         out.append(Plan(tuple(_dtensor_edges(list(two[0])))))
@@ -75,7 +84,7 @@ def _conditions(shape: list[int]) -> list[Step]:
             step("distribute", mesh="s", shape=[b + 1, 2], placements=["S(1)", "S(0)"], out="u"),
             step("redistribute", tensor="u", placements=["R", "S(1)"], out="v"), step("full_tensor", tensor="v"),
             step("unflatten", src="f", dim=0, sizes=[a, b], names=["x", "y"], out="g"),
-            step("from_local", mesh="g", tensor="v", placements=["R", "S(1)"], out="w"),
+            step("from_local", mesh="g", tensor="v", placements=["R", "S(1)"], shape=[b + 1, 2], out="w"),
             step("full_tensor", tensor="w")]
 
 
@@ -150,7 +159,7 @@ def _every_derived_mesh(shape: list[int]) -> list[Step]:
     a, b = shape
     groups = [step("new_group", ranks=list(range(i, a * b, b)), out=f"r{i}") for i in range(b)]  # dim a's lines
     groups += [step("new_group", ranks=list(range(i * b, (i + 1) * b)), out=f"c{i}") for i in range(a)]  # dim b's
-    return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"), *groups,
+    made = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"), *groups,
             step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
             step("concatenate", srcs=["sa", "sb"], out="c"), step("check", mesh="c"),
             step("flatten", src="m", out="f"), step("check", mesh="f"),
@@ -160,4 +169,121 @@ def _every_derived_mesh(shape: list[int]) -> list[Step]:
                  layout=[list(range(i * shape[1], (i + 1) * shape[1])) for i in range(shape[0])], names=["x", "y"],
                  out="h"), step("check", mesh="h"),
             step("all_submeshes", src="m", dim="b", out="l"), step("check", mesh="l.0")]
+    # after each derived mesh, how many groups the plan has named: a derivation that makes groups it should reuse
+    # (or reuses what it should make) shows there
+    return [s for st_ in made for s in ((st_, step("group_count")) if st_.op == "check" else (st_,))]
 
+
+def _identity(shape: list[int]) -> list[Step]:
+    """Meshes told apart by one thing each (names, none, layout, shape) and meshes equal by another path (a twin
+    root, a flattened root's unflattening, a concatenation of a root's slices, a slice of every dim), every pair
+    compared (==, hash, stable hash, is) and their groups along dim 0; then the same redistribute of values that
+    tell ranks apart on each, the root first (torch merges its moves onto its flattened mesh, and caches the plan
+    by the DTensor's spec, mesh included): a cache that mistakes one mesh for another shows in the values."""
+    a, b = shape
+    columns = [[i + a * j for j in range(b)] for i in range(a)]  # ranks laid out column by column
+    meshes = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+              step("init_device_mesh", shape=shape, names=["a", "b"], out="twin"),
+              step("init_device_mesh", shape=shape, names=["p", "q"], out="renamed"),
+              step("init_device_mesh", shape=shape, out="unnamed"),
+              step("mesh", layout=columns, names=["a", "b"], out="transposed"),
+              step("init_device_mesh", shape=[b, a], names=["a", "b"], out="reshaped"),
+              step("flatten", src="m", out="f"),
+              step("init_device_mesh", shape=[a * b], names=["a_b"], out="line"),
+              step("unflatten", src="f", dim=0, sizes=shape, names=["x", "y"], out="u"),
+              step("slice", src="m", names="a", out="sa"), step("slice", src="twin", names="a", out="sa2"),
+              step("slice", src="m", names="b", out="sb"), step("concatenate", srcs=["sa", "sb"], out="c"),
+              step("slice", src="m", names=["a", "b"], out="every")]
+    handles = [s.out for s in meshes]
+    compared = [step("compare", a=x, b=y) for i, x in enumerate(handles) for y in handles[i + 1:]]
+    groups = [step("compare", a=x, b=y, dim_a=0, dim_b=0) for x, y in
+              (("m", "twin"), ("m", "c"), ("sa", "sa2"), ("f", "line"), ("m", "every"), ("m", "transposed"))]
+    dtensors = []
+    for handle in ("m", "twin", "renamed", "transposed", "u", "c"):
+        dtensors += [step("from_local", mesh=handle, local_shape=[4, 3], placements=["P(sum)", "P(sum)"],
+                          out=f"p_{handle}"),
+                     step("redistribute", tensor=f"p_{handle}", placements=["R", "R"], out=f"r_{handle}"),
+                     step("redistribute", tensor=f"p_{handle}", placements=["S(0)", "S(0)"], out=f"s_{handle}",
+                          async_op=handle == "twin"),
+                     step("sum", tensor=f"s_{handle}", dim=1, out=f"v_{handle}")]
+    return meshes + compared + groups + dtensors
+
+
+def _distribute_sources(shape: list[int]) -> list[Step]:
+    """distribute_tensor where every rank passes another tensor: each src_data_rank (the default, another group
+    rank, none) with every kind of placement, on a root, on a mesh whose group order is not its coordinate order,
+    and on a slice; each seen whole and as blocks."""
+    a, b = shape
+    steps = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
+             step("mesh", layout=[[i + a * j for j in range(b)] for i in range(a)], names=["a", "b"], out="t"),
+             step("slice", src="m", names="b", out="sb")]
+    kinds = (["S(0)", "R"], ["R", "S(1)"], ["S(0)", "S(0)"], ["P(sum)", "R"], ["R", "P(avg)"], ["S(1)", "P(max)"])
+    n = 0
+    for src in (None, 1, "none"):
+        for mesh, placements in [("m", p) for p in kinds] + [("t", kinds[2]), ("t", kinds[3]), ("sb", ["S(0)"])]:
+            n += 1
+            extra = {} if src is None else {"src_data_rank": src}
+            steps += [step("distribute", mesh=mesh, shape=[b + 1, a + 1], placements=placements, out=f"d{n}",
+                           **extra), step("full_tensor", tensor=f"d{n}")]
+    return steps
+
+
+def _run_check_mixes(shape: list[int]) -> list[Step]:
+    """from_local with run_check on every mix of Shard, Replicate and Partial over two mesh dims (fresh blocks tell
+    ranks apart: a broadcast along the wrong dim, or none, shows), the global shape inferred or given."""
+    kinds = ("R", "S(0)", "P(sum)")
+    steps = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m")]
+    n = 0
+    for first in kinds:
+        for second in kinds:
+            n += 1
+            given = {"shape": [2 * shape[0] if first == "S(0)" else 2, 3]} if n % 2 else {}
+            if given and second == "S(0)":
+                given["shape"][0] *= shape[1]
+            steps += [step("from_local", mesh="m", local_shape=[2, 3], placements=[first, second], run_check=True,
+                           out=f"c{n}", **given), step("full_tensor", tensor=f"c{n}")]
+    return steps
+
+
+def _derived_again(shape: list[int]) -> list[Step]:
+    """Every kind of derived mesh flattened, and unflattened again, each checked (groups, local ranks, collectives
+    along every dim): a slice of dims that are not adjacent, a concatenation, an unflattening, a flattening of a
+    flattened mesh. (A mesh from a subgroup is left out: flattening it crosses groups, finding group-name-collision.)"""
+    steps = [step("init_device_mesh", shape=shape, names=["a", "b", "c"], out="m"),
+             step("slice", src="m", names=["a", "c"], out="ac"), step("flatten", src="ac", out="f_ac"),
+             step("check", mesh="f_ac"),
+             step("unflatten", src="f_ac", dim=0, sizes=[shape[0], shape[2]], names=["x", "z"], out="u_ac"),
+             step("check", mesh="u_ac"), step("flatten", src="u_ac", name="xz", out="f_xz"),
+             step("check", mesh="f_xz"), step("compare", a="f_xz", b="f_ac"),
+             step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="c", out="sc"),
+             step("concatenate", srcs=["sa", "sc"], out="cat"), step("flatten", src="cat", name="cat", out="f_cat"),
+             step("check", mesh="f_cat"),
+             step("unflatten", src="m", dim="b", sizes=[shape[1], 1], names=["b1", "b2"], out="u_b"),
+             step("check", mesh="u_b"), step("flatten", src="u_b", name="ub", out="f_ub"), step("check", mesh="f_ub"),
+             step("flatten", src="m", out="f_all"), step("flatten", src="f_all", name="again", out="f_f"),
+             step("check", mesh="f_f"),
+             step("unflatten", src="f_all", dim=0, sizes=[shape[0] * shape[1], shape[2]], names=["ab", "cc"],
+                  out="u_all"), step("check", mesh="u_all"), step("slice", src="u_all", names="cc", out="u_cc"),
+             step("compare", a="u_cc", b="sc"), step("check", mesh="m")]
+    return [s for st_ in steps for s in ((st_, step("group_count")) if st_.op == "check" else (st_,))]
+
+
+def _merges(shape: list[int], op: str) -> list[Step]:
+    """Partial(op) reduced on mesh dims torch merges onto a flattened mesh (all three, and two that are not
+    adjacent), to Replicate and to Shard, for every class of tensor size: divisible by the merged group, uneven,
+    smaller than the group, empty."""
+    steps = [step("init_device_mesh", shape=shape, names=["a", "b", "c"], out="m"),
+             step("flatten", src="m", out="f_all"),
+             step("slice", src="m", names=["a", "c"], out="ac"), step("flatten", src="ac", out="f_ac")]
+    n = 0
+    world = shape[0] * shape[1] * shape[2]
+    p = f"P({op})"
+    for rows in (2 * world, world + 1, 1, 0):
+        for placements, targets in (([p, p, p], (["R", "R", "R"], ["S(0)", "S(0)", "S(0)"], ["S(1)", "R", "R"])),
+                                    ([p, "R", p], (["R", "R", "R"], ["S(0)", "R", "S(0)"], ["S(0)", "R", "R"]))):
+            n += 1
+            steps.append(step("from_local", mesh="m", local_shape=[rows, 2], placements=placements, out=f"p{n}"))
+            for k, target in enumerate(targets):
+                steps += [step("redistribute", tensor=f"p{n}", placements=target, out=f"q{n}_{k}"),
+                          step("full_tensor", tensor=f"q{n}_{k}")]
+    return steps

@@ -377,6 +377,14 @@ def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | 
                 _save(results, entry.outcomes[-1])
             else:
                 todo.append((entry, mutant, reason))
+    # round robin over the files: a run stopped early (and resumed with --results) has sampled every file alike
+    rank = {id(m): n for n, m in enumerate(m for _, m, _ in todo if True)}
+    per_file: dict[str, int] = {}
+    order = []
+    for entry, mutant, reason in todo:
+        per_file[mutant.file] = per_file.get(mutant.file, -1) + 1
+        order.append((per_file[mutant.file], rank[id(mutant)], (entry, mutant, reason)))
+    todo = [item for *_, item in sorted(order, key=lambda o: (o[0], o[1]))]
     say(f"{len(todo)} mutants to run, {jobs} at a time")  # type: ignore[operator]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         running = {pool.submit(run_one, m, sources[m.file], seed, timeout): (e, r) for e, m, r in todo}

@@ -378,13 +378,12 @@ def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | 
             else:
                 todo.append((entry, mutant, reason))
     # round robin over the files: a run stopped early (and resumed with --results) has sampled every file alike
-    rank = {id(m): n for n, m in enumerate(m for _, m, _ in todo if True)}
-    per_file: dict[str, int] = {}
-    order = []
-    for entry, mutant, reason in todo:
-        per_file[mutant.file] = per_file.get(mutant.file, -1) + 1
-        order.append((per_file[mutant.file], rank[id(mutant)], (entry, mutant, reason)))
-    todo = [item for *_, item in sorted(order, key=lambda o: (o[0], o[1]))]
+    seen: dict[str, int] = {}
+    turns = []
+    for item in todo:
+        seen[item[1].file] = seen.get(item[1].file, -1) + 1
+        turns.append(seen[item[1].file])
+    todo = [item for _, _, item in sorted(zip(turns, range(len(todo)), todo), key=lambda t: t[:2])]
     say(f"{len(todo)} mutants to run, {jobs} at a time")  # type: ignore[operator]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         running = {pool.submit(run_one, m, sources[m.file], seed, timeout): (e, r) for e, m, r in todo}

@@ -131,12 +131,13 @@ def _in_annotation(node: object) -> bool:
     return False
 
 
-def mutants_of(file: str, source: str) -> Iterator[Mutant]:
-    """Every mutant of one file, in cosmic-ray's order (its occurrence numbers mean what they mean to it)."""
+def mutants_of(file: str, source: str, only: set[str] | None = None) -> Iterator[Mutant]:
+    """Every mutant of one file (of the operators named in `only`), in cosmic-ray's order (its occurrence numbers
+    mean what they mean to it)."""
     from cosmic_ray.ast import ast_nodes, get_ast
 
     lines = source.splitlines()
-    operators = _operators()
+    operators = [(name, op) for name, op in _operators() if only is None or name in only]
     counts = dict.fromkeys((name for name, _ in operators), 0)
     for node in ast_nodes(get_ast(source)):
         for name, operator in operators:
@@ -209,7 +210,8 @@ def equivalents() -> list[dict]:
 
 def equivalent_reason(mutant: Mutant, listed: list[dict]) -> str:
     for entry in listed:
-        if entry["file"] == mutant.file and entry["before"] == mutant.before and entry["after"] == mutant.after:
+        if (entry["file"], entry["operator"], entry["before"], entry["after"]) == (mutant.file, mutant.operator,
+                                                                                 mutant.before, mutant.after):
             return entry["reason"]
     return ""
 

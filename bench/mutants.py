@@ -352,12 +352,14 @@ def _save(results: str | None, outcome: Outcome) -> None:
 
 
 def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | None = None,
-            files: tuple[str, ...] = FILES, say: object = print, keys: tuple[str, ...] = ()
+            files: tuple[str, ...] = FILES, say: object = print, keys: tuple[str, ...] = (), run: bool = True
             ) -> tuple[list[FileResult], float]:
     """Sample each file's claimed mutants and run the sweep against each (`jobs` at a time). `results`: a JSON-lines
-    file of outcomes; those already there are not run again (a long run resumes where it stopped)."""
-    base_seconds, missing = baseline(seed, timeout)
-    say(f"unmutated sweep passed in {base_seconds:.0f} s")  # type: ignore[operator]
+    file of outcomes; those already there are not run again (a long run resumes where it stopped). `run` False: no
+    sweep runs, the table holds what `results` has."""
+    base_seconds, missing = baseline(seed, timeout) if run else (0.0, {})
+    if run:
+        say(f"unmutated sweep passed in {base_seconds:.0f} s")  # type: ignore[operator]
     done, listed, sources = _load(results), equivalents(), {f: torch_source(f) for f in files}
     table, todo = [], []
     for file in files:
@@ -374,6 +376,8 @@ def measure(per_file: int, seed: int, jobs: int, timeout: float, results: str | 
             if mutant.key in done:
                 row = done[mutant.key]
                 entry.outcomes.append(Outcome(mutant, row["status"], row["seconds"], row["why"], reason))
+            elif not run:
+                continue
             elif not claims.reached(mutant.line):
                 entry.outcomes.append(Outcome(mutant, NOT_REACHED, 0.0, "the sweep never runs this line", reason))
                 _save(results, entry.outcomes[-1])
@@ -491,13 +495,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", action="append", default=[],
                         help="only this mutant (FILE:OPERATOR:OCCURRENCE, as a report names it); repeatable")
     parser.add_argument("--results", help="a JSON-lines file of outcomes: those in it are not run again")
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: the table and report of what --results holds (a run stopped early)")
     parser.add_argument("--report", help="write the table and every survivor's diff here (markdown)")
     args = parser.parse_args(argv)
     from rich.console import Console
 
     console = Console(width=200)
     table, base_seconds = measure(args.per_file, args.seed, args.jobs, args.timeout, args.results,
-                                  tuple(args.file or FILES), say=console.print, keys=tuple(args.key))
+                                  tuple(args.file or FILES), say=console.print, keys=tuple(args.key),
+                                  run=not args.no_run)
     render(table, console)
     if args.report:
         with open(args.report, "w") as fh:

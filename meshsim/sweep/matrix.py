@@ -89,7 +89,8 @@ def _conditions(shape: list[int]) -> list[Step]:
 
 
 def _dtensor_edges(shape: list[int]) -> list[Step]:
-    """DTensor's API at its edges: Partial placements distributed, a redistribute that changes nothing, from_local
+    """DTensor's API at its edges: Partial placements distributed, a redistribute that changes nothing (and one to
+    a negative Shard dim), from_local
     with a given shape and run_check, a negative Shard dim, torch.sum of Partials it must reduce first, and the
     requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks)."""
     a, b = shape
@@ -100,6 +101,9 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
             step("to_local", tensor="p"),
             step("distribute", mesh="w", shape=[world + 1], placements=["S(0)"], out="t"),
             step("redistribute", tensor="t", placements=["S(0)"], out="same"), step("to_local", tensor="same"),
+            step("redistribute", tensor="t", placements=["R"], out="whole"),
+            step("redistribute", tensor="whole", placements=["S(-1)"], out="negative"),
+            step("to_local", tensor="negative"),
             step("from_local", mesh="w", tensor="t", placements=["S(-1)"], shape=[world + 1], run_check=True,
                  out="given"),
             step("full_tensor", tensor="given"),

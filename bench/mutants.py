@@ -427,7 +427,7 @@ def render(table: list[FileResult], console: object) -> None:
     for e in [*table, totals(table)]:
         out.add_row(_short(e.file), str(e.mutants), str(e.unclaimed), str(len(e.outcomes)), str(e.count(KILLED)),
                     f"{e.survived} ({e.count(NOT_REACHED)})", str(e.count(TIMED_OUT)), str(e.equivalent),
-                    str(e.incompetent), f"{e.score:.1f}%", f"{e.median_kill:.0f} s",
+                    str(e.incompetent), f"{e.score:.1f}%" if e.judged else "-", f"{e.median_kill:.0f} s",
                     f"{max(e.kill_times, default=0):.0f} s")
     console.print(out)  # type: ignore[attr-defined]
 
@@ -441,7 +441,7 @@ def markdown(table: list[FileResult], seed: int, per_file: int, base_seconds: fl
     for e in [*table, totals(table)]:
         lines.append(f"| {_short(e.file)} | {e.mutants} | {e.unclaimed} | {len(e.outcomes)} | {e.count(KILLED)} | "
                      f"{e.survived} ({e.count(NOT_REACHED)}) | {e.count(TIMED_OUT)} | {e.equivalent} | "
-                     f"{e.incompetent} | {e.score:.1f}% | {e.median_kill:.0f} s |")
+                     f"{e.incompetent} | {f'{e.score:.1f}%' if e.judged else '-'} | {e.median_kill:.0f} s |")
     sources = {e.file: torch_source(e.file) for e in table}
     kinds = (("Survivors", lambda o: o.status in (SURVIVED, NOT_REACHED, TIMED_OUT) and not o.equivalent),
              ("Equivalent (bench/mutants-equivalent.toml)", lambda o: o.status != KILLED and o.equivalent),
@@ -461,7 +461,7 @@ def figures(table: list[FileResult]) -> list:
     from figures import Figure, goal
 
     out = []
-    for e in table:
+    for e in (e for e in table if e.judged):  # a file with nothing judged has no score
         out.append(Figure("mutants", f"{_short(e.file)}: score", e.score, "%",
                           note=f"{e.count(KILLED)} of {e.judged} killed, {e.equivalent} equivalent"))
         out.append(Figure("mutants", f"{_short(e.file)}: median time to kill", e.median_kill, "s"))

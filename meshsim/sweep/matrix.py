@@ -251,7 +251,8 @@ def _run_check_mixes(shape: list[int]) -> list[Step]:
 
 def _derived_again(shape: list[int]) -> list[Step]:
     """Every kind of derived mesh flattened, and unflattened again, each checked (groups, local ranks, collectives
-    along every dim): a slice of dims that are not adjacent, a concatenation, an unflattening, a flattening of a
+    along every dim): a slice of dims that are not adjacent, concatenations (one of three dims in reverse: torch
+    checks the result's layout for overlaps), an unflattening, a flattening of a
     flattened mesh. (A mesh from a subgroup is left out: flattening it crosses groups, finding group-name-collision.)"""
     steps = [step("init_device_mesh", shape=shape, names=["a", "b", "c"], out="m"),
              step("slice", src="m", names=["a", "c"], out="ac"), step("flatten", src="ac", out="f_ac"),
@@ -262,6 +263,8 @@ def _derived_again(shape: list[int]) -> list[Step]:
              step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="c", out="sc"),
              step("concatenate", srcs=["sa", "sc"], out="cat"), step("flatten", src="cat", name="cat", out="f_cat"),
              step("check", mesh="f_cat"),
+             step("slice", src="m", names="b", out="sb"), step("concatenate", srcs=["sc", "sb", "sa"], out="back"),
+             step("check", mesh="back"),
              step("unflatten", src="m", dim="b", sizes=[shape[1], 1], names=["b1", "b2"], out="u_b"),
              step("check", mesh="u_b"), step("flatten", src="u_b", name="ub", out="f_ub"), step("check", mesh="f_ub"),
              step("flatten", src="m", out="f_all"), step("flatten", src="f_all", name="again", out="f_f"),

@@ -246,11 +246,24 @@ def _failure_words(stdout: str, stderr: str, code: int) -> str:
         return f"exit {code}: {tail[-1][:200] if tail else 'no output'}"
 
 
+RUNNING: set[subprocess.Popen] = set()  # the sweeps under way: a signal to the runner ends them too
+
+
+def _end_sweeps(signum: int, _frame: object) -> None:
+    for process in list(RUNNING):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(128 + signum)
+
+
 def _sweep(command: list[str], folder: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
     """One sweep in a session of its own: past the timeout (or when the runner is interrupted) the whole session
     goes (the controller, its forkserver and its ranks), not only the controller. None: it timed out."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder,
                                env=env, start_new_session=True)
+    RUNNING.add(process)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -259,6 +272,7 @@ def _sweep(command: list[str], folder: str, env: dict[str, str], timeout: float)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
+        RUNNING.discard(process)
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
@@ -480,6 +494,8 @@ def run(quick: bool = False) -> list:
     from rich.console import Console
 
     console = Console(width=200)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _end_sweeps)
     table, _ = measure(QUICK_PER_FILE if quick else PER_FILE, SEED, 2, TIMEOUT, say=console.print)
     render(table, console)
     return figures(table)
@@ -501,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from rich.console import Console
 
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _end_sweeps)
     console = Console(width=200)
     table, base_seconds = measure(args.per_file, args.seed, args.jobs, args.timeout, args.results,
                                   tuple(args.file or FILES), say=console.print, keys=tuple(args.key),

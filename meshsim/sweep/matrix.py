@@ -30,6 +30,7 @@ def matrix_plans(world: int) -> list[Plan]:
             out.append(Plan(tuple(_matrix_steps(shape, d, kind))))
     if two:
         out.append(Plan(tuple(_identity(list(two[0])))))
+        out.append(Plan(tuple(_caches_keyed_by_meshes(list(two[0])))))
         out.append(Plan(tuple(_distribute_sources(list(two[0])))))
         out.append(Plan(tuple(_run_check_mixes(list(two[0])))))
     deep = list(three[0]) if three else [two[0][0], 1, two[0][1]] if two else None
@@ -180,10 +181,8 @@ def _every_derived_mesh(shape: list[int]) -> list[Step]:
 
 def _identity(shape: list[int]) -> list[Step]:
     """Meshes told apart by one thing each (names, none, layout, shape) and meshes equal by another path (a twin
-    root, a flattened root's unflattening, a concatenation of a root's slices, a slice of every dim), every pair
-    compared (==, hash, stable hash, is) and their groups along dim 0; then the same redistribute of values that
-    tell ranks apart on each, the root first (torch merges its moves onto its flattened mesh, and caches the plan
-    by the DTensor's spec, mesh included): a cache that mistakes one mesh for another shows in the values."""
+    root, a flattened root's unflattening, a concatenation of a root's slices), every pair compared (==, hash,
+    stable hash, is) and some of their groups along dim 0."""
     a, b = shape
     columns = [[i + a * j for j in range(b)] for i in range(a)]  # ranks laid out column by column
     meshes = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
@@ -193,24 +192,34 @@ def _identity(shape: list[int]) -> list[Step]:
               step("mesh", layout=columns, names=["a", "b"], out="transposed"),
               step("init_device_mesh", shape=[b, a], names=["a", "b"], out="reshaped"),
               step("flatten", src="m", out="f"),
-              step("init_device_mesh", shape=[a * b], names=["a_b"], out="line"),
               step("unflatten", src="f", dim=0, sizes=shape, names=["x", "y"], out="u"),
               step("slice", src="m", names="a", out="sa"), step("slice", src="twin", names="a", out="sa2"),
-              step("slice", src="m", names="b", out="sb"), step("concatenate", srcs=["sa", "sb"], out="c"),
-              step("slice", src="m", names=["a", "b"], out="every")]
+              step("slice", src="m", names="b", out="sb"), step("concatenate", srcs=["sa", "sb"], out="c")]
     handles = [s.out for s in meshes]
     compared = [step("compare", a=x, b=y) for i, x in enumerate(handles) for y in handles[i + 1:]]
     groups = [step("compare", a=x, b=y, dim_a=0, dim_b=0) for x, y in
-              (("m", "twin"), ("m", "c"), ("sa", "sa2"), ("f", "line"), ("m", "every"), ("m", "transposed"))]
-    dtensors = []
-    for handle in ("m", "twin", "renamed", "transposed", "u", "c"):
-        dtensors += [step("from_local", mesh=handle, local_shape=[4, 3], placements=["P(sum)", "P(sum)"],
-                          out=f"p_{handle}"),
-                     step("redistribute", tensor=f"p_{handle}", placements=["R", "R"], out=f"r_{handle}"),
-                     step("redistribute", tensor=f"p_{handle}", placements=["S(0)", "S(0)"], out=f"s_{handle}",
-                          async_op=handle == "twin"),
-                     step("sum", tensor=f"s_{handle}", dim=1, out=f"v_{handle}")]
-    return meshes + compared + groups + dtensors
+              (("m", "twin"), ("m", "c"), ("sa", "sa2"), ("m", "transposed"))]
+    return meshes + compared + groups
+
+
+def _caches_keyed_by_meshes(shape: list[int]) -> list[Step]:
+    """The same redistribute of values that tell ranks apart on meshes that differ in one thing, the root first
+    (torch merges its moves onto its flattened mesh, and caches the plan by the DTensor's spec, mesh included): a
+    cache that mistakes one mesh for another shows in the values."""
+    a, b = shape
+    columns = [[i + a * j for j in range(b)] for i in range(a)]
+    steps = [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"), step("flatten", src="m", out="f"),
+             step("init_device_mesh", shape=shape, names=["a", "b"], out="twin"),
+             step("init_device_mesh", shape=shape, names=["p", "q"], out="renamed"),
+             step("mesh", layout=columns, names=["a", "b"], out="transposed")]
+    for handle in ("m", "twin", "renamed", "transposed"):
+        steps += [step("from_local", mesh=handle, local_shape=[4, 3], placements=["P(sum)", "P(sum)"],
+                       out=f"p_{handle}"),
+                  step("redistribute", tensor=f"p_{handle}", placements=["R", "R"], out=f"r_{handle}"),
+                  step("redistribute", tensor=f"p_{handle}", placements=["S(0)", "S(0)"], out=f"s_{handle}",
+                       async_op=handle == "twin"),
+                  step("sum", tensor=f"s_{handle}", dim=1, out=f"v_{handle}")]
+    return steps
 
 
 def _distribute_sources(shape: list[int]) -> list[Step]:

@@ -5,6 +5,8 @@ goals, and the machine's load beside each figure.
     python -m bench thread model --quick     some sections, shorter (fewer rounds, sampled ranks, fewer plans)
     python -m bench --json bench.json        also write the figures with the machine, torch's version, the commit
     python -m bench --compare old.json       and say what moved since an earlier run's JSON
+    python -m bench mutants                  mutation testing of torch's DeviceMesh and DTensor files against a
+                                             default sweep (about an hour; not in the default run; bench/mutants.py)
 
 Timings on a shared machine are noisy: compare ratios taken in the same run, and the load column.
 """
@@ -25,6 +27,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 import fake  # noqa: E402
 import memory  # noqa: E402
 import model  # noqa: E402
+import mutants  # noqa: E402
 import process  # noqa: E402
 import thread  # noqa: E402
 from figures import Figure, compare, machine, table, write  # noqa: E402
@@ -44,13 +47,14 @@ def launch(quick: bool = False) -> list[Figure]:
 
 
 SECTIONS = {"process": process.run, "thread": thread.run, "fake": fake.run, "model": model.run, "launch": launch,
-            "memory": memory.run}
+            "memory": memory.run, "mutants": mutants.run}
+DEFAULT = [name for name in SECTIONS if name != "mutants"]  # an hour of sweeps: asked for by name
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*", choices=[[], *SECTIONS], metavar="SECTION",
-                        help=f"some of: {', '.join(SECTIONS)} (default: all)")
+                        help=f"some of: {', '.join(SECTIONS)} (default: all but mutants)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, sampled ranks, fewer plans")
     parser.add_argument("--json", metavar="FILE", help="write the figures here")
     parser.add_argument("--compare", metavar="FILE", help="an earlier run's --json: say what moved")
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"machine: {machine()}")
     figures: list[Figure] = []
     failed = []
-    for name in args.sections or list(SECTIONS):
+    for name in args.sections or DEFAULT:
         started = time.monotonic()
         console.print(f"[bold]{name}[/] (load {os.getloadavg()[0]:.1f}) ...")
         try:

@@ -76,7 +76,7 @@ def test_every_redistribute_and_full_tensor_in_coordinate_order_gives_back_the_o
     placements = [p if p[0] != "P" else ("R",) for p in placements]
     geo = _mesh_geometry(mesh_shape, "reversed")
     original = D.arange_block(shape)
-    state = D.distribute(geo, original, placements, D.coordinate_order)
+    state = D.distribute(geo, dict.fromkeys(geo.flat, original), placements, D.coordinate_order)
     current = placements
     for raw in chain:
         target = [("R",) if t == "R" or int(t[1]) >= len(shape) else ("S", int(t[1])) for t in raw[:len(mesh_shape)]]
@@ -89,11 +89,22 @@ def test_every_redistribute_and_full_tensor_in_coordinate_order_gives_back_the_o
     assert all(block.values == original.values and block.shape == original.shape for block in full.values())
 
 
+def test_distribute_sends_the_blocks_of_the_source_rank_on_every_dim_or_keeps_each_ranks_own():
+    geo = D.Geometry([[0, 1], [2, 3]], (2, 2))
+    tensors = {r: D.arange_block((4,), 100.0 * r) for r in geo.flat}
+    for src, want in ((0, 0), (1, 3)):  # the member at coordinate (src, src) is the source of every block
+        state = D.distribute(geo, tensors, [("S", 0), ("R",)], D.coordinate_order, src)
+        assert [state[r].values for r in (0, 2)] == [(100.0 * want, 100.0 * want + 1), (100.0 * want + 2,
+                                                                                        100.0 * want + 3)]
+    own = D.distribute(geo, tensors, [("S", 0), ("S", 0)], D.coordinate_order, None)
+    assert [own[r].values for r in geo.flat] == [(0.0,), (101.0,), (202.0,), (303.0,)]
+
+
 def test_group_rank_order_loses_data_on_an_uneven_shard_of_a_reversed_mesh():
     geo = D.Geometry([1, 0], (2,))
     placements = [("S", 0)]
     for order, want in ((D.coordinate_order, (0.0, 1.0, 2.0)), (D.group_rank_order, (0.0, 0.0, 2.0))):
-        state = D.distribute(geo, D.arange_block((3,)), placements, order)
+        state = D.distribute(geo, dict.fromkeys(geo.flat, D.arange_block((3,))), placements, order)
         full = D.redistribute(geo, (3,), state, placements, [("R",)], order)
         assert full[0].values == want
 
@@ -115,7 +126,8 @@ PARTIAL_TO_SHARD_ON_A_PERMUTED_DIM = Plan((
 
 def test_partial_to_shard_beside_a_size_one_shard_is_one_reduce_scatter_in_group_rank_order():
     quirk = predict(PARTIAL_TO_SHARD_ON_A_PERMUTED_DIM, 4).ranks[2].observations[2]
-    assert isinstance(quirk, Quirk) and quirk.right["values"] == [1] and quirk.torch["values"] == [0]
+    # rank 0 passes the source tensor (4096 + 0, 1): rank 2 should hold its element 1
+    assert isinstance(quirk, Quirk) and quirk.right["values"] == [4097] and quirk.torch["values"] == [0]
 
 
 def test_the_model_predicts_a_quirk_only_on_a_mesh_with_an_unsorted_group():
@@ -125,10 +137,12 @@ def test_the_model_predicts_a_quirk_only_on_a_mesh_with_an_unsorted_group():
                      step("full_tensor", tensor="t")))
         return predict(plan, 2).ranks[0].observations[2]
 
-    assert observed([0, 1]) == {"shape": [3], "values": [0, 1, 2], "contiguous": True}
+    # each rank passes rank_weight(rank) + 0, 1, 2: the source is the dim's first member (rank 0, then rank 1),
+    # torch's its group rank 0 (rank 0 both times)
+    assert observed([0, 1]) == {"shape": [3], "values": [4096, 4097, 4098], "contiguous": True}
     quirk = observed([1, 0])
     assert isinstance(quirk, Quirk) and quirk.finding == D.FINDING
-    assert quirk.torch["values"] == [0, 0, 2] and quirk.right["values"] == [0, 1, 2]
+    assert quirk.torch["values"] == [4096, 0, 4098] and quirk.right["values"] == [8192, 8193, 8194]
 
 
 def test_from_local_blocks_tell_ranks_apart_so_a_partial_sum_names_its_members():
@@ -258,5 +272,6 @@ def test_from_local_of_a_permuted_meshs_dtensor_carries_torchs_blocks_to_the_new
                  step("from_local", mesh="n", tensor="t", placements=["R"], out="v"),
                  step("to_local", tensor="v")))
     seen = predict(plan, 2).ranks[0].observations[4]
-    # rank 0 sits at coordinate 1 of [1, 0]: it should hold [2]; torch scattered it chunk 0 and cut it to [0]
-    assert isinstance(seen, Quirk) and seen.right["values"] == [2] and seen.torch["values"] == [0]
+    # rank 0 sits at coordinate 1 of [1, 0]: it should hold element 2 of rank 1's tensor (8192 + 2); torch scattered
+    # it chunk 0 of its own (group rank 0's) tensor and cut it to [4096]
+    assert isinstance(seen, Quirk) and seen.right["values"] == [8194] and seen.torch["values"] == [4096]

@@ -88,13 +88,14 @@ def test_a_merged_all_gather_on_a_flattened_mesh_loses_uneven_data_and_names_its
                  step("full_tensor", tensor="t")))
     seen = observed(plan, 4, 0, 3)
     assert isinstance(seen, Quirk) and seen.finding == D.MERGED
-    assert seen.right["values"] == [0, 1, 2, 3, 4] and seen.torch["values"] == [0, 1, 2, 0, 3]
+    # rank 0 passes the source tensor: 4096 + 0, 1, ...
+    assert seen.right["values"] == [4096 + i for i in range(5)] and seen.torch["values"] == [4096, 4097, 4098, 0, 4099]
 
 
 def test_without_the_flattened_mesh_the_same_redistribute_is_right():
     plan = Plan((MESH_2X2, step("distribute", mesh="m", shape=[5], placements=["S(0)", "S(0)"], out="t"),
                  step("full_tensor", tensor="t")))
-    assert observed(plan, 4, 0, 2)["values"] == [0, 1, 2, 3, 4]
+    assert observed(plan, 4, 0, 2)["values"] == [4096 + i for i in range(5)]
 
 
 def test_a_merged_reduce_scatter_hands_out_chunks_in_sorted_rank_order_where_the_flattened_order_is_not():

@@ -23,7 +23,7 @@ torch does there is undefined (finding ``gloo-size-mismatch-silent``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -372,26 +372,32 @@ def local_shape_and_offset(shape: tuple[int, ...], placements: list[Placement], 
     return local, offset
 
 
-def distribute(geo: Geometry, tensor: Block, placements: list[Placement], order: Order) -> dict[int, Block]:
-    """distribute_tensor with src_data_rank 0: per mesh dim in order, scatter (Shard) or broadcast from the
-    group's first member, unpadding by coordinate."""
-    locals_ = {r: tensor for r in geo.flat}
+def distribute(geo: Geometry, tensors: Mapping[int, Block], placements: list[Placement], order: Order,
+               src: int | None = 0) -> dict[int, Block]:
+    """distribute_tensor of the tensor each rank passes (`tensors`: rank -> its tensor): per mesh dim in order,
+    scatter (Shard) or broadcast from the group's member `src` (its src-th in `order`), unpadding by coordinate.
+    With `src` None nothing moves: each rank keeps the chunk at its coordinate of its own tensor."""
+    locals_: Mapping[int, Block] = tensors
     for d, p in enumerate(placements):
         new = {}
         for r in geo.flat:
             members = order(geo, r, d)
-            src = locals_[members[0]]
+            if src is None:
+                source, index = locals_[r], geo.coordinate[r][d]
+            else:
+                source, index = locals_[members[src]], members.index(r)
             if p[0] == "S":
-                chunks, _ = split_padded(src, p[1], len(members))
-                _, my_pads = split_padded(locals_[r], p[1], len(members))
-                got = chunks[members.index(r)]
+                chunks, _ = split_padded(source, p[1], len(members))
+                my_pads = [full_chunk(source.shape[p[1]], len(members)) - n
+                           for _, n in chunk_bounds(source.shape[p[1]], len(members))]
+                got = chunks[index]
                 new[r] = made_contiguous(narrow(got, p[1], 0, got.shape[p[1]] - my_pads[geo.coordinate[r][d]]))
             elif p[0] == "P" and p[1] == "sum":
-                new[r] = scale(src, len(members))
+                new[r] = scale(source, len(members))
             else:
-                new[r] = src
+                new[r] = source
         locals_ = new
-    return locals_
+    return dict(locals_)
 
 
 def greedy_transforms(src: list[Placement], dst: list[Placement],

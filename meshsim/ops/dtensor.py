@@ -172,20 +172,42 @@ def _groups_needed(mesh: Any) -> None:
         raise ModelRaise(Err("RuntimeError", "process groups not initialized"))
 
 
+class _RankTensors(dict):
+    """The global tensor each rank passes to distribute_tensor (`shape`, holding rank_weight(rank) + 0, 1, 2, ...:
+    which rank's data torch sends shows), made when first asked for."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape = shape
+
+    def __missing__(self, rank: int) -> D.Block:
+        self[rank] = block = D.arange_block(self.shape, rank_weight(rank))
+        return block
+
+
+def src_data_rank(a: dict) -> int | None:
+    value = a.get("src_data_rank", 0)
+    return None if value == "none" else value
+
+
 def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     mesh = run.mesh(a["mesh"])
     shape = tuple(a["shape"])
     placements = placements_of(a, len(shape))
+    src = src_data_rank(a)
     D.check_placements(placements, mesh.ndim, len(shape), holds("mixed-partials-refused", run.model.platform))
     if any(p[0] == "P" for p in placements) and not holds("distribute-partial", run.model.platform):
         raise ModelRaise(Err("RuntimeError", "Trying to distribute tensor with unsupported placements"))
     _groups_needed(mesh)
+    if src is not None and mesh.coordinate is not None and any(src >= n for n in mesh.shape):
+        # a group rank no dim's group has: the backend refuses the root (gloo: "invalid root rank"), on every member
+        raise ModelRaise(Err(None, ""))
     geo = _geometry(mesh)
-    _calls(run, mesh, [(d, D.distribute_comm(p)) for d, p in enumerate(placements)], "distribute")
-    tensor = D.arange_block(shape)
+    _calls(run, mesh, [(d, D.distribute_comm(p)) for d, p in enumerate(placements)] if src is not None else [],
+           "distribute")
     return _derive(None, mesh, geo, shape, placements,
-                   lambda g, _, order, flat: D.distribute(g, tensor, placements, order),
-                   ("distribute", shape, tuple(placements)))
+                   lambda g, _, order, flat: D.distribute(g, _RankTensors(shape), placements, order, src),
+                   ("distribute", shape, tuple(placements), src))
 
 
 def torch_plan(dt: D.DTensorModel, target: list[tuple], flattened: Any) -> list[D.Move]:
@@ -387,11 +409,14 @@ def usable(mesh: Any) -> bool:
 # --------------------------------------------------------------------------------------------- the operations
 
 
-@operation("distribute", "dtensor", {"mesh": F.MESH, "shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS},
+@operation("distribute", "dtensor", {"mesh": F.MESH, "shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
+                                    "src_data_rank": F.SRC_DATA_RANK},
            required=("mesh", "shape", "placements"), produces=DT, weight=2)
 class Distribute:
-    """distribute_tensor of a global tensor holding 0, 1, 2, ... (float64) with one placement per mesh dim;
-    observes the rank's local shape, values and global offset"""
+    """distribute_tensor of a global tensor (float64) with one placement per mesh dim: each rank passes one that
+    holds 4096 * 2**rank + 0, 1, 2, ... (which rank's data torch sends shows); `src_data_rank`: the group rank whose
+    data each dim scatters or broadcasts (default 0), "none" for each rank's own; observes the rank's local shape,
+    values and global offset"""
 
     def model(run: Any, a: dict) -> Any:
         return model_distribute(run, a)
@@ -400,8 +425,9 @@ class Distribute:
         from torch.distributed.tensor import distribute_tensor
 
         mesh = ex.mesh(a["mesh"])
-        tensor = torch_block(ex, a["shape"], mesh)
-        return distribute_tensor(tensor, mesh, torch_placements(a["placements"], len(a["shape"])))
+        tensor = torch_block(ex, a["shape"], mesh, rank_weight(ex.rank))
+        kwargs = {"src_data_rank": src_data_rank(a)} if "src_data_rank" in a else {}
+        return distribute_tensor(tensor, mesh, torch_placements(a["placements"], len(a["shape"])), **kwargs)
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -411,13 +437,17 @@ class Distribute:
         placements = draw(placement_lists(mesh.ndim, len(shape)))
         if allow_errors and rarely(draw, 20):  # refused: one placement too many, or a dim the tensor lacks
             placements = placements + ["R"] if draw(st.booleans()) else placements[:-1] + [f"S({len(shape)})"]
-        return step("distribute", mesh=handle, shape=shape, placements=placements, out=b.fresh("t"))
+        extra = {}
+        if rarely(draw, 3):  # another source than each group's first member, or none
+            extra["src_data_rank"] = draw(st.sampled_from(["none", *range(min(mesh.shape))]))
+        return step("distribute", mesh=handle, shape=shape, placements=placements, out=b.fresh("t"), **extra)
 
 
-@operation("redistribute", "dtensor", {"tensor": F.DTENSOR, "placements": F.PLACEMENTS},
+@operation("redistribute", "dtensor", {"tensor": F.DTENSOR, "placements": F.PLACEMENTS, "async_op": F.BOOL},
            required=("tensor", "placements"), produces=DT, weight=2)
 class Redistribute:
-    """DTensor.redistribute to other placements (to Partial only where it already is: torch refuses the rest)"""
+    """DTensor.redistribute to other placements (to Partial only where it already is: torch refuses the rest);
+    `async_op`: the collectives return at once, and the values are waited for where they are read"""
 
     def model(run: Any, a: dict) -> Any:
         dt = _dtensor(run, a["tensor"])
@@ -427,7 +457,8 @@ class Redistribute:
 
     def torch(ex: Any, a: dict) -> Any:
         dt = torch_dtensor(ex, a["tensor"])
-        return dt.redistribute(dt.device_mesh, torch_placements(a["placements"], dt.ndim))
+        kwargs = {"async_op": True} if a.get("async_op") else {}
+        return dt.redistribute(dt.device_mesh, torch_placements(a["placements"], dt.ndim), **kwargs)
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -435,8 +466,9 @@ class Redistribute:
         if not held:
             return None
         ref, dt = draw(st.sampled_from(held))
+        extra = {"async_op": True} if rarely(draw, 4) else {}
         return step("redistribute", tensor=ref, placements=draw(redistribute_targets(dt, allow_errors)),
-                    out=b.fresh("t"))
+                    out=b.fresh("t"), **extra)
 
 
 @operation("full_tensor", "dtensor", {"tensor": F.DTENSOR}, required=("tensor",), weight=1)

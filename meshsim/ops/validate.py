@@ -35,6 +35,24 @@ def validate(plan: Plan, world: int | None = None, on: Platform | Release | None
     return plan
 
 
+def runs_on(st: Step, platform: Platform, left_out: set[str]) -> bool:
+    """Whether a drawn or built step stays in a plan for `platform`'s release: its op exists there and every handle
+    it names was made. A step left out adds its handle to `left_out`, so that what uses it goes too."""
+    names = [v for value in st.args.values() for v in (value if isinstance(value, list) else [value])
+             if isinstance(v, str)]
+    if OPERATIONS[st.op].available(platform, dict(st.args)) and not any(n.split(".")[0] in left_out for n in names):
+        return True
+    if st.out:
+        left_out.add(st.out)
+    return False
+
+
+def runnable(steps: list[Step], platform: Platform | None = None) -> Plan:
+    """The plan of `steps` that `platform`'s release (default: the installed torch) can run (see runs_on)."""
+    on, left_out = platform or Platform(), set[str]()
+    return Plan(tuple(st for st in steps if runs_on(st, on, left_out)))
+
+
 def _available(st: Step, release: Platform | Release, needs: Callable[[str, Platform | Release], str | None]) -> None:
     """Refuse a step the release lacks (its op, or a keyword or query it names): "needs torch >= 2.10.0; ..."."""
     every = [dict(st.args)] + [st.args_for(r) for r in st.on_rank]

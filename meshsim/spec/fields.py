@@ -278,6 +278,11 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str, object, Context], None]:
     return check
 
 
+def _src_data_rank(name: str, value: object, ctx: Context) -> None:
+    if value != "none" and not (is_int(value) and 0 <= value <= MAX_INT):
+        raise PlanError(f"field {name!r} must be a group rank (0 or more) or \"none\", got {value!r}")
+
+
 class Kind:
     """A kind of field: what it means (for the plan-language reference) and its check."""
 
@@ -318,4 +323,8 @@ LAYOUT_QUERIES = ("sizes_and_strides", "all_ranks_from_zero", "complement", "glo
 LAYOUT_QUERY = Kind("one of " + ", ".join(LAYOUT_QUERIES), _one_of(LAYOUT_QUERIES))
 WORLD = Kind(f"a world size, 1 to {MAX_MESH_NUMEL}", _bounded_int(1, MAX_MESH_NUMEL))
 QUERY = Kind("one of " + ", ".join(QUERIES), _one_of(QUERIES))
+SRC_DATA_RANK = Kind('a group rank on every mesh dim (default 0), or "none": each rank keeps its own data',
+                     _src_data_rank)
+DTYPES = ("float32", "float64")
+DTYPE = Kind("one of " + ", ".join(DTYPES), _one_of(DTYPES))
 DEVICE = Kind("cpu, cuda, cpu:0 or cuda:0 (the mesh's device type; default: the backend's)", _one_of(DEVICES))

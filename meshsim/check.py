@@ -12,8 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .core import deadlines
+from .core.outcome import HANG, UNDEFINED
 from .core.wire import RunFunction, RunPlan
 from .judge.verdict import Verdict, judge
+from .model import torch_side
 from .model.predict import Prediction, no_gc, predict, unpredictable
 from .ops import validate
 from .spec.plan import Plan, PlanError
@@ -31,8 +33,12 @@ def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform =
 
 
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
-          prediction: Prediction | None = None) -> Verdict:
-    """Run `plan` on the executor's ranks and judge what they observed against the model."""
+          prediction: Prediction | None = None, stuck_when_still: bool | None = None) -> Verdict:
+    """Run `plan` on the executor's ranks and judge what they observed against the model.
+
+    Where the model says torch hangs here (or may: undefined), ranks that have all gone still are stuck before the
+    deadline (meshsim.run.still): waiting on would only confirm it. `stuck_when_still` overrides the model (a
+    sweep shrinking a hang asks it of every candidate)."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world)
@@ -45,8 +51,13 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
                                         getattr(executor, "by_class", False)))
         return found[0]
 
+    def still_is_stuck() -> bool:
+        if stuck_when_still is not None:
+            return stuck_when_still
+        return torch_side(meanwhile().outcome) in (HANG, UNDEFINED)
+
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
-        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
+        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile, stuck_when_still=still_is_stuck)
         return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
 
 

@@ -45,8 +45,11 @@ class Executor(Protocol):
 
     def close(self) -> None: ...
 
-    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
-        """Run `work` on every rank within work.deadline; `meanwhile` runs here while the ranks work."""
+    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None,
+                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+        """Run `work` on every rank within work.deadline; `meanwhile` runs here while the ranks work. Where
+        `stuck_when_still()` says so (asked after `meanwhile`), a tier that can tell may call the unfinished ranks
+        stuck as soon as none of them moves (meshsim.run.still) rather than at the deadline."""
         ...
 
 

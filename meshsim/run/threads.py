@@ -48,7 +48,7 @@ from ..core.wire import (
 from ..spec.platform import CPU
 from ..spec.tiers import TIERS, TierError
 from ..spec.topology import Topology
-from .follow import Hosted, absorb, follow
+from .follow import Hosted, Still, absorb, follow
 from .generation import Generation
 from .interpreter import Interpreter
 from .pool import Pooled, WorkerPool
@@ -60,6 +60,7 @@ from .rank import (
     _name_process,
     _watch_lifeline,
 )
+from .still import Stillness, available
 
 
 class RankEnded(BaseException):
@@ -236,7 +237,8 @@ class ThreadExecutor(Pooled):
             if isinstance(message, FromRank) and message.rank == -1:
                 self.thread_ranks = message.message
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
         if isinstance(work, RunScript):
             raise TierError("the thread tier runs plans and functions; a script needs the process tier")
         generation = self.pool.current()
@@ -246,8 +248,11 @@ class ThreadExecutor(Pooled):
             meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
         host = Hosted(generation.workers[0], list(range(self.world)))
+        still = None
+        if stuck_when_still is not None and stuck_when_still() and isinstance(work, RunPlan) and available():
+            still = Still(Stillness(), dict.fromkeys(range(self.world), host.worker.pid))
         stuck, stopped = follow([host], states, started, work.deadline, watch=self.watch,
-                                on_quiet=lambda: _ask(host))
+                                on_quiet=lambda: _ask(host), still=still)
         if stuck:
             stuck = _reported(host, states, stuck)
         for rank in stuck:

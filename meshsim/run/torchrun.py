@@ -198,7 +198,8 @@ class TorchrunExecutor:
             self.store.set(key, make())
         return self.store.get(key).decode()
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
             raise TierError("under torchrun meshsim runs plans; run your own functions with `meshsim launch`")
         index, self.plans = self.plans, self.plans + 1

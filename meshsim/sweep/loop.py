@@ -191,7 +191,8 @@ class _Sweep:
         if shrink.hang_wait is not None:
             wait = min(wait, shrink.hang_wait)
         try:
-            result = check(self.cluster, plan, wait, strict=self.strict, prediction=prediction)
+            result = check(self.cluster, plan, wait, strict=self.strict, prediction=prediction,
+                           stuck_when_still=True if shrink.hang_wait is not None else None)
         except ClusterError as exc:
             raise Interrupted(exc) from None
         _count(self.report, plan, result)

@@ -33,12 +33,14 @@ def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform =
 
 
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
-          prediction: Prediction | None = None, stuck_when_still: bool | None = None) -> Verdict:
+          prediction: Prediction | None = None, hang_deadline: float | None = None,
+          hangs: bool | None = None) -> Verdict:
     """Run `plan` on the executor's ranks and judge what they observed against the model.
 
-    Where the model says torch hangs here (or may: undefined), ranks that have all gone still are stuck before the
-    deadline (meshsim.run.still): waiting on would only confirm it. `stuck_when_still` overrides the model (a
-    sweep shrinking a hang asks it of every candidate)."""
+    The model predicts while the ranks work. Where it says torch hangs here (or may: undefined), the run gets
+    `hang_deadline` (if shorter than `deadline`), and ranks that have all gone still are stuck before that
+    (meshsim.run.still): waiting on would only confirm it. `hangs` overrides the model (a sweep shrinking a hang
+    treats every candidate so)."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world)
@@ -51,13 +53,13 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
                                         getattr(executor, "by_class", False)))
         return found[0]
 
-    def still_is_stuck() -> bool:
-        if stuck_when_still is not None:
-            return stuck_when_still
-        return torch_side(meanwhile().outcome) in (HANG, UNDEFINED)
+    def if_hangs() -> float | None:
+        expected = hangs if hangs is not None else torch_side(meanwhile().outcome) in (HANG, UNDEFINED)
+        return min(deadline, hang_deadline) if expected and hang_deadline is not None else deadline if expected \
+            else None
 
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
-        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile, stuck_when_still=still_is_stuck)
+        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile, if_hangs=if_hangs)
         return judge(record, "plan", plan, meanwhile(), strict=strict, topology=executor.topology)
 
 

@@ -46,10 +46,10 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
     def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None,
-                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         """Run `work` on every rank within work.deadline; `meanwhile` runs here while the ranks work. Where
-        `stuck_when_still()` says so (asked after `meanwhile`), a tier that can tell may call the unfinished ranks
-        stuck as soon as none of them moves (meshsim.run.still) rather than at the deadline."""
+        `if_hangs()` (asked after `meanwhile`) expects a hang, it says how long the run gets instead, and a tier
+        that can tell may call the unfinished ranks stuck as soon as none of them moves (meshsim.run.still)."""
         ...
 
 

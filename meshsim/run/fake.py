@@ -289,7 +289,7 @@ class FakeExecutor(Pooled):
                 for i in range(self.workers)]
 
     def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
-                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
             raise TierError("the fake tier runs plans only (a user function needs the process or thread tier)")
         generation = self.pool.current()

@@ -36,6 +36,7 @@ class WorkerPool:
         self.after_start = after_start
         self.generation: Generation | None = None
         self.spare: Generation | None = None  # started ahead, to replace the running generation
+        self.spares_used = 0
         self.generations_started = 0
         self.store: Any = None
         self.port = 0
@@ -84,6 +85,10 @@ class WorkerPool:
         if self.after_start is not None:
             self.after_start(generation)
         self._kept_keys = self._store_keys()  # the world's own keys; what later work adds is its alone
+        if spare is not None:
+            self.spares_used += 1
+            if self.spares_used > 1:  # hangs come often here (divergent plans): keep the next one ready too
+                self.prepare_spare()
         return generation
 
     def _launch(self, behind: bool = False) -> Generation:

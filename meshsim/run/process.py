@@ -96,6 +96,10 @@ class ProcessExecutor(Pooled):
     def generations_started(self) -> int:
         return self.pool.generations_started
 
+    def prepare_spare(self) -> None:
+        """Start the generation that replaces the ranks after a hang, now, in the background (meshsim.run.pool)."""
+        self.pool.prepare_spare()
+
     def renew(self) -> None:
         """Kill the workers and start fresh ones on a new store, as torchrun's agent restarts a failed worker group:
         torch's env:// rendezvous keeps no attempt apart from the last in the agent's store (torch 2.13 expects a
@@ -140,7 +144,7 @@ class ProcessExecutor(Pooled):
     # ------------------------------------------------------------------ running
 
     def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None,
-                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         """Send one piece of work to every rank and follow it to its end (the Executor protocol)."""
         if self.broken is not None:
             raise self.broken
@@ -149,12 +153,14 @@ class ProcessExecutor(Pooled):
         generation.send(work)
         if meanwhile is not None:
             meanwhile()  # the model predicts while the ranks work
-        still = None
-        if stuck_when_still is not None and isinstance(work, RunPlan) and stuck_when_still():
+        still, deadline = None, work.deadline
+        hang_wait = if_hangs() if if_hangs is not None and isinstance(work, RunPlan) else None
+        if hang_wait is not None:
+            deadline = min(deadline, hang_wait)
             self.pool.prepare_spare()  # the ranks that replace a hung generation start while it hangs
             if available():
                 still = Still(Stillness(), {w.rank: w.pid for w in generation.workers if w.pid})
-        record = self._follow(generation, started, work.deadline, still)
+        record = self._follow(generation, started, deadline, still)
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
             if self.flight_recorder is not None:

@@ -238,7 +238,7 @@ class ThreadExecutor(Pooled):
                 self.thread_ranks = message.message
 
     def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
-                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         if isinstance(work, RunScript):
             raise TierError("the thread tier runs plans and functions; a script needs the process tier")
         generation = self.pool.current()
@@ -248,16 +248,19 @@ class ThreadExecutor(Pooled):
             meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
         host = Hosted(generation.workers[0], list(range(self.world)))
-        still = None
-        if stuck_when_still is not None and stuck_when_still() and isinstance(work, RunPlan) and available():
-            still = Still(Stillness(), dict.fromkeys(range(self.world), host.worker.pid))
-        stuck, stopped = follow([host], states, started, work.deadline, watch=self.watch,
+        still, deadline = None, work.deadline
+        hang_wait = if_hangs() if if_hangs is not None and isinstance(work, RunPlan) else None
+        if hang_wait is not None:
+            deadline = min(deadline, hang_wait)
+            if available():
+                still = Still(Stillness(), dict.fromkeys(range(self.world), host.worker.pid))
+        stuck, stopped = follow([host], states, started, deadline, watch=self.watch,
                                 on_quiet=lambda: _ask(host), still=still)
         if stuck:
             stuck = _reported(host, states, stuck)
         for rank in stuck:
             states[rank].end = STUCK
-        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
+        record = RunRecord(self.world, deadline, states, time.monotonic() - started, bool(stuck),
                            tier=self.tier, stopped=stopped)
         if record.timed_out or record.died:
             record.stacks = self._stacks(generation, record.stuck)

@@ -106,7 +106,7 @@ class ModelExecutor:
         pass
 
     def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
-                stuck_when_still: Callable[[], bool] | None = None) -> RunRecord:
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         """`meanwhile` (meshsim.check) returns the model's prediction: the record is made of it."""
         if not isinstance(work, RunPlan):
             raise TierError("the model tier runs plans only")

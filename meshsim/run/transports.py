@@ -72,12 +72,12 @@ def install(transports: Transports) -> None:
     base = c10d.ProcessGroupGloo
     kept_class = _kept_class(base)
     original = c10d._new_process_group_helper
-    signature = inspect.signature(original)
+    argument = _arguments(original)
 
     def helper(*args: Any, **kwargs: Any) -> Any:
         if _active is None or not _active.on:
             return original(*args, **kwargs)
-        key = _key(signature.bind(*args, **kwargs).arguments)
+        key = _key(lambda name: argument(name, args, kwargs))
         if key is None:
             return original(*args, **kwargs)
         _active.making = key
@@ -91,15 +91,30 @@ def install(transports: Transports) -> None:
     c10d._new_process_group_helper = helper
 
 
-def _key(arguments: dict[str, Any]) -> Key | None:
+def _arguments(function: Any) -> Any:
+    """argument(name, args, kwargs): what a call of `function` passed for `name` (inspect's bind, a tenth as dear:
+    torch calls the helper for every group, on every rank)."""
+    parameters = inspect.signature(function).parameters
+    positions = {name: (index, parameter.default) for index, (name, parameter) in enumerate(parameters.items())}
+
+    def argument(name: str, args: tuple, kwargs: dict) -> Any:
+        index, default = positions[name]
+        if name in kwargs:
+            return kwargs[name]
+        return args[index] if index < len(args) else (None if default is inspect.Parameter.empty else default)
+
+    return argument
+
+
+def _key(argument: Any) -> Key | None:
     """The transport a group may share: a gloo subgroup this rank is a member of, with no options of its own."""
     import torch.distributed as dist
 
-    ranks = arguments.get("global_ranks_in_group")
-    timeout = arguments.get("timeout")
-    if not ranks or arguments.get("backend_options") is not None or str(arguments.get("backend")) != "gloo":
+    ranks = argument("global_ranks_in_group")
+    if not ranks or dist.get_rank() not in ranks:
         return None
-    if dist.get_rank() not in ranks or timeout is None:
+    timeout = argument("timeout")
+    if timeout is None or argument("backend_options") is not None or str(argument("backend")) != "gloo":
         return None
     return tuple(ranks), float(timeout.total_seconds())
 

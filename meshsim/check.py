@@ -12,10 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .core import deadlines
+from .core.outcome import HANG, UNDEFINED
 from .core.record import RunRecord
 from .core.releases import text
 from .core.wire import RunFunction, RunPlan
 from .judge.verdict import Verdict, judge
+from .model import torch_side
 from .model.choices import changes, torch_chose
 from .model.predict import Chosen, Prediction, no_gc, predict, unpredictable
 from .ops import validate
@@ -34,8 +36,14 @@ def prediction_for(plan: Plan, world: int, deadline: float, platform: Platform =
 
 
 def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool = False,
-          prediction: Prediction | None = None) -> Verdict:
-    """Run `plan` on the executor's ranks and judge what they observed against the model."""
+          prediction: Prediction | None = None, hang_deadline: float | None = None,
+          hangs: bool | None = None) -> Verdict:
+    """Run `plan` on the executor's ranks and judge what they observed against the model.
+
+    The model predicts while the ranks work. Where it says torch hangs here (or may: undefined), the run gets
+    `hang_deadline` (if shorter than `deadline`), and ranks that have all gone still are stuck before that
+    (meshsim.run.still): waiting on would only confirm it. `hangs` overrides the model (a sweep shrinking a hang
+    treats every candidate so)."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a meshsim Plan, got {type(plan).__name__}")
     validate(plan, executor.world, executor.platform)
@@ -48,8 +56,13 @@ def check(executor: Any, plan: Plan, deadline: float | None = None, strict: bool
                                         getattr(executor, "by_class", False)))
         return found[0]
 
+    def if_hangs() -> float | None:
+        expected = hangs if hangs is not None else torch_side(meanwhile().outcome) in (HANG, UNDEFINED)
+        return min(deadline, hang_deadline) if expected and hang_deadline is not None else deadline if expected \
+            else None
+
     with no_gc():  # a large world's observations live until judged: collecting on the way is wasted work
-        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile)
+        record = executor.execute(RunPlan(plan, deadline), meanwhile=meanwhile, if_hangs=if_hangs)
         return judge(record, "plan", plan, _as_torch_chose(plan, meanwhile(), record, executor, deadline),
                      strict=strict, topology=executor.topology)
 

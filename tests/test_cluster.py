@@ -125,8 +125,10 @@ def test_a_rank_building_another_shape_ends_as_a_bounded_hang_naming_it(meshsim_
     plan = Plan((S("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m", on_rank={3: {"shape": [4, 2]}}),
                  S("check", mesh="m")))
     result = meshsim_cluster.run(plan, deadline=3)
-    assert result.record.stopped == "deadline" and result.record.deadline == 3
-    assert result.outcome == "hang" and result.passed  # the model predicted the hang
+    # bounded: by the deadline, or sooner, once the stuck ranks have gone still (the model predicted the hang)
+    assert result.record.stopped in ("still", "deadline") and result.record.deadline == 3
+    assert result.record.elapsed < 3 + 1 if result.record.stopped == "still" else True
+    assert result.outcome == "hang" and result.passed
     assert result.diagnosis.kind == "inconsistent mesh across ranks" and result.culprits == [3]
     assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))  # fresh workers serve the next plan
 

@@ -31,8 +31,9 @@ from .wire import (
 )
 
 # every rank ended; time ran out; a rank died or failed, and after a grace the others were stopped (as torchrun
-# stops a job); the user interrupted it (Ctrl-C on `meshsim launch`)
-STOPPED = ("finished", "deadline", "failure", "interrupted")
+# stops a job); the user interrupted it (Ctrl-C on `meshsim launch`); the unfinished ranks went still before the
+# deadline, nothing left to wake them (meshsim.run.still)
+STOPPED = ("finished", "deadline", "failure", "interrupted", "still")
 Site = Any  # where a call was made: a plan's step index, or "file.py:LINE" in user code (None: unknown)
 
 
@@ -71,6 +72,7 @@ class RankState:
     group_count: int = 0  # torch's group counter on the rank when it finished
     completed: int = 0  # calls it completed (returned from, or saw complete)
     done_times: list[float] = field(default_factory=list)  # when its last pace.KEPT calls completed (wall clock)
+    transports: tuple[Any, ...] = ()  # what the plan did with the rank's kept transports (PlanDone.transports)
 
     def __post_init__(self) -> None:
         self._handlers: dict[type, Callable[[Any], None]] = {

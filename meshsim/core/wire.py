@@ -125,6 +125,7 @@ class RunRanks(NamedTuple):
 
 class Teardown(NamedTuple):
     next_group_count: int  # torch's group counter continues from here on every rank
+    forget: tuple[Any, ...] | None = None  # the kept transports to drop (None: all of them; meshsim.run.transports)
 
 
 class Stop(NamedTuple):
@@ -208,6 +209,9 @@ class PlanDone(NamedTuple):
     end: str  # FINISHED | RAISED
     end_step: int | None
     group_count: int
+    # ((the group's ranks, its timeout), the sequence number of its backend) of every transport the plan made or
+    # reused, where the ranks keep them from one plan to the next (meshsim.run.transports)
+    transports: tuple[Any, ...] = ()
 
 
 class FunctionDone(NamedTuple):

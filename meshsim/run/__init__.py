@@ -45,8 +45,11 @@ class Executor(Protocol):
 
     def close(self) -> None: ...
 
-    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
-        """Run `work` on every rank within work.deadline; `meanwhile` runs here while the ranks work."""
+    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
+        """Run `work` on every rank within work.deadline; `meanwhile` runs here while the ranks work. Where
+        `if_hangs()` (asked after `meanwhile`) expects a hang, it says how long the run gets instead, and a tier
+        that can tell may call the unfinished ranks stuck as soon as none of them moves (meshsim.run.still)."""
         ...
 
 

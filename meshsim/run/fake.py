@@ -228,7 +228,8 @@ class FakeExecutor(Pooled):
                            self.start_timeout)
                 for i in range(self.workers)]
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
             raise TierError("the fake tier runs plans only (a user function needs the process or thread tier)")
         generation = self.pool.current()

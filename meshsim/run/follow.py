@@ -29,6 +29,7 @@ from ..core.wire import (
     ScriptDone,
 )
 from .generation import Worker
+from .still import PERIOD_S, Stillness
 
 RESULTS = (RankDied, PlanDone, FunctionDone, ScriptDone)  # how a rank's part of a run ends
 
@@ -54,6 +55,7 @@ def absorb(state: RankState, message: Any) -> bool:
         return True
     if isinstance(message, PlanDone):
         state.observations, state.end, state.end_step = message.observations, message.end, message.end_step
+        state.transports = message.transports
     elif isinstance(message, FunctionDone):
         state.value, state.end = message.value, FINISHED if message.ok else RAISED
     elif isinstance(message, ScriptDone):
@@ -68,7 +70,7 @@ def absorb(state: RankState, message: Any) -> bool:
 def follow(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, *,
            from_last_message: bool = False, stop_on_failure: bool = False,
            echo: Callable[[], None] | None = None, watch: Callable[[RunStatus], None] | None = None,
-           on_quiet: Callable[[], None] | None = None) -> tuple[set[int], str]:
+           on_quiet: Callable[[], None] | None = None, still: Still | None = None) -> tuple[set[int], str]:
     """Follow until every rank has ended or time is up; returns the ranks still pending (stuck), and what stopped
     the run (meshsim.core.record.STOPPED: every rank ended, the deadline, or a failure and its grace).
 
@@ -76,22 +78,40 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
     stop_on_failure: a rank that raises stops the run after a grace, as torchrun stops a job; echo: called about
     five times a second while the run goes on (live output); watch: told twice a second how far the run is, and
     after deadlines.QUIET_S without a word from the ranks, what they wait for; on_quiet: called when the ranks have
-    been quiet for half that (a host that keeps its ranks' progress is asked for it then).
+    been quiet for half that (a host that keeps its ranks' progress is asked for it then); still: the ranks may be
+    called stuck before the deadline once none of them moves (meshsim.run.still), each rank's process by `pids`.
     """
     first_death: float | None = None
     ticker = _Ticker(hosted, states, started, echo, watch, on_quiet)
     try:
-        first_death = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, ticker)
-        extra = 0.0 if first_death is not None or from_last_message or not any(h.pending for h in hosted) \
-            else pace.grace(states, time.time())
+        first_death, went_still = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, ticker,
+                                        still)
+        extra = 0.0 if first_death is not None or went_still or from_last_message or \
+            not any(h.pending for h in hosted) else pace.grace(states, time.time())
         if extra > 0:  # every unfinished rank still completes calls: watch a little longer before calling it
-            first_death = _loop(hosted, states, started, deadline + extra, from_last_message, stop_on_failure,
-                                ticker)
+            first_death, went_still = _loop(hosted, states, started, deadline + extra, from_last_message,
+                                            stop_on_failure, ticker, still)
     except KeyboardInterrupt:  # Ctrl-C where the caller lets it through (launch): the run so far is the record
         return {rank for h in hosted for rank in h.pending}, "interrupted"
     ticker.last()
     pending = {rank for h in hosted for rank in h.pending}
-    return pending, "finished" if not pending else "failure" if first_death is not None else "deadline"
+    if not pending:
+        return pending, "finished"
+    return pending, "failure" if first_death is not None else "still" if went_still else "deadline"
+
+
+@dataclass
+class Still:
+    """What follow() needs to call a run's ranks stuck before its deadline: a Stillness and each rank's process."""
+
+    stillness: Stillness
+    pids: dict[int, int]  # rank -> pid
+
+    def look(self, states: list[RankState], pending: list[int]) -> bool:
+        if any(states[rank].op == "sleep" for rank in pending):  # asleep by design: it will move again
+            self.stillness.moved()
+            return False
+        return self.stillness.look(sorted({self.pids[rank] for rank in pending if rank in self.pids}))
 
 
 class _Ticker:
@@ -140,8 +160,9 @@ def waiting_for(states: list[RankState], pending: list[int], shown: int = 3) -> 
 
 
 def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadline: float, from_last_message: bool,
-          stop_on_failure: bool, tick: _Ticker) -> float | None:
-    """follow()'s loop; returns when the first rank died or failed (None: none did)."""
+          stop_on_failure: bool, tick: _Ticker, still: Still | None) -> tuple[float | None, bool]:
+    """follow()'s loop; returns when the first rank died or failed (None: none did), and whether the ranks went
+    still."""
     first_death: float | None = None
     with selectors.DefaultSelector() as selector:
         for host in hosted:
@@ -158,7 +179,15 @@ def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadlin
             if tick.period is not None:
                 tick()
             timeout = limit - now if tick.period is None else min(limit - now, tick.period)
-            for key, _ in selector.select(timeout=timeout):
+            if still is not None:
+                timeout = min(timeout, PERIOD_S)
+            events = selector.select(timeout=timeout)
+            if still is not None and first_death is None:
+                if events:
+                    still.stillness.moved()
+                elif still.look(states, [rank for h in hosted for rank in h.pending]):
+                    return first_death, True
+            for key, _ in events:
                 host, is_sentinel = key.data
                 if not host.pending:
                     continue
@@ -168,7 +197,7 @@ def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadlin
                 if not host.pending:
                     selector.unregister(host.worker.conn)
                     selector.unregister(host.worker.process.sentinel)
-    return first_death
+    return first_death, False
 
 
 def _drain(host: Hosted, states: list[RankState]) -> tuple[bool, bool, bool]:

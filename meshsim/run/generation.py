@@ -6,6 +6,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -121,9 +122,23 @@ class Generation:
     workers: list[Worker] = field(default_factory=list)
     lifeline: Connection | None = None  # write end; when it closes, every worker of this generation exits
     reaper: Any = None  # kills the workers' process groups if the controller dies (meshsim.run.reaper)
+    _launching: threading.Thread | None = None  # a launch going on behind the caller's back
+    _launch_error: BaseException | None = None
 
     def start(self, ctx: Any, specs: list[WorkerSpec], timeout_s: float, reaper: Any = None,
               target: Any = worker_main) -> None:
+        self.launch(ctx, specs, reaper, target)
+        self.await_ready(timeout_s)
+
+    def launch(self, ctx: Any, specs: list[WorkerSpec], reaper: Any = None, target: Any = worker_main,
+               behind: bool = False) -> None:
+        """Start the workers; they join the world on their own (await_ready waits for them). behind: from a
+        thread of its own, while the caller goes on (launched() waits for it)."""
+        if behind:
+            self._launching = threading.Thread(target=self._launch_behind, args=(ctx, specs, reaper, target),
+                                               name="meshsim-spare", daemon=True)
+            self._launching.start()
+            return
         self.reaper = reaper
         reader, self.lifeline = ctx.Pipe(duplex=False)
         try:
@@ -133,7 +148,27 @@ class Generation:
                 ignore_interrupts_while(lambda spec=spec: self._start_worker(ctx, spec, reader, target))
         finally:
             reader.close()
-        self._await_ready(timeout_s)
+
+    def _launch_behind(self, ctx: Any, specs: list[WorkerSpec], reaper: Any, target: Any) -> None:
+        try:
+            self.launch(ctx, specs, reaper, target)
+        except BaseException as exc:  # told by launched(), in the caller's thread
+            self._launch_error = exc
+
+    def _settle_launch(self) -> None:
+        """A launch behind the caller's back is over (so that every worker it starts is listed, to be stopped)."""
+        if self._launching is not None:
+            self._launching.join()
+            self._launching = None
+
+    def launched(self) -> None:
+        """Wait for a launch made behind the caller's back; raise what it raised."""
+        if self._launching is not None:
+            self._launching.join()
+            self._launching = None
+        if self._launch_error is not None:
+            error, self._launch_error = self._launch_error, None
+            raise error
 
     def _start_worker(self, ctx: Any, spec: WorkerSpec, lifeline: Connection, target: Any) -> None:
         parent, child = ctx.Pipe()
@@ -147,8 +182,12 @@ class Generation:
         self.workers.append(Worker(spec.rank, process, parent, spec.stack_file, spec.output_file,
                                    spec.error_file or ""))
 
-    def _await_ready(self, timeout_s: float) -> None:
-        waiting: dict[Any, Worker] = {w.conn: w for w in self.workers}
+    @property
+    def ready(self) -> bool:
+        return bool(self.workers) and all(w.pid for w in self.workers)
+
+    def await_ready(self, timeout_s: float) -> None:
+        waiting: dict[Any, Worker] = {w.conn: w for w in self.workers if not w.pid}
         end = time.monotonic() + timeout_s
         while waiting:
             left = end - time.monotonic()
@@ -194,6 +233,7 @@ class Generation:
         return {worker.rank: worker.new_stack() for worker in targets}
 
     def kill(self) -> None:
+        self._settle_launch()
         for worker in self.workers:
             if worker.alive and worker.pid:
                 try:
@@ -205,6 +245,7 @@ class Generation:
         self._reap(5.0)
 
     def stop(self, timeout_s: float = 3.0) -> None:
+        self._settle_launch()
         self.send(Stop())
         if self.lifeline is not None:
             self.lifeline.close()

@@ -35,6 +35,8 @@ class WorkerPool:
         self.specs, self.target, self.start_timeout = specs, target, start_timeout
         self.after_start = after_start
         self.generation: Generation | None = None
+        self.spare: Generation | None = None  # started ahead, to replace the running generation
+        self.spares_used = 0
         self.generations_started = 0
         self.store: Any = None
         self.port = 0
@@ -75,17 +77,36 @@ class WorkerPool:
         settle_heap()
 
     def new_generation(self) -> Generation:
+        spare, self.spare = self.spare, None
+        generation = spare or self._launch()
+        self.generation = generation
+        generation.launched()
+        generation.await_ready(self.start_timeout)
+        if self.after_start is not None:
+            self.after_start(generation)
+        self._kept_keys = self._store_keys()  # the world's own keys; what later work adds is its alone
+        if spare is not None:
+            self.spares_used += 1
+            if self.spares_used > 1:  # hangs come often here (divergent plans): keep the next one ready too
+                self.prepare_spare()
+        return generation
+
+    def _launch(self, behind: bool = False) -> Generation:
         assert self._tmp is not None
         self.generations_started += 1
         number = self.generations_started
         generation = Generation(number)
-        self.generation = generation
-        generation.start(self._ctx, self.specs(number, self._tmp.name, self.port), self.start_timeout,
-                         self._reaper, target=self.target)
-        if self.after_start is not None:
-            self.after_start(generation)
-        self._kept_keys = self._store_keys()  # the world's own keys; what later work adds is its alone
+        generation.launch(self._ctx, self.specs(number, self._tmp.name, self.port), self._reaper, target=self.target,
+                          behind=behind)
         return generation
+
+    def prepare_spare(self) -> None:
+        """Start the generation that will replace the running one, and let it join its world while the running one
+        works: a run the model says hangs costs its replacement's start (seconds on a loaded machine: the ranks are
+        forked one after another and the world's first group waits for the last) only once it is over. It is
+        forked from a thread of its own, meanwhile. A spare that is not needed waits for the next hang."""
+        if self.spare is None and self.store is not None:
+            self.spare = self._launch(behind=True)
 
     def current(self) -> Generation:
         """The running generation; a fresh one if a worker died between runs (killed from outside)."""
@@ -124,7 +145,8 @@ class WorkerPool:
         every rank has finished the run (no group of it is still connecting)."""
         kept = self._kept_keys
         if kept is not None:
-            self._forget_keys(kept.__contains__)
+            spare = f"g{self.spare.number}/" if self.spare is not None else None  # (joining its world meanwhile)
+            self._forget_keys(lambda key: key in kept or (spare is not None and key.startswith(spare)))
 
     def _store_keys(self) -> set[str] | None:
         lister = getattr(self.store, "list_keys", None)
@@ -136,6 +158,9 @@ class WorkerPool:
                 self.store.delete_key(key)
 
     def close(self) -> None:
+        if self.spare is not None:
+            self.spare.stop()
+            self.spare = None
         if self.generation is not None:
             self.generation.stop()
             self.generation = None

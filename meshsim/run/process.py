@@ -16,10 +16,12 @@ from ..core.wire import FINISHED, STUCK, RunFunction, RunPlan, RunScript, Teardo
 from ..spec.platform import BACKENDS, platform_for
 from ..spec.tiers import TIERS
 from ..spec.topology import Topology
-from .follow import Hosted, follow
+from .follow import Hosted, Still, follow
 from .generation import Generation
 from .pool import Pooled, WorkerPool
 from .rank import WorkerSpec, worker_main
+from .still import Stillness, available
+from .transports import Keeper
 
 Work = RunPlan | RunFunction | RunScript
 
@@ -78,6 +80,7 @@ class ProcessExecutor(Pooled):
         self.flight_recorder = flight_recorder  # where a hung run's Flight Recorder dumps go (meshsim.run.flight)
         self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying
         self.pool = WorkerPool(self._specs, worker_main, self.start_timeout, after_start=self._after_start)
+        self.keeper = Keeper(0)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -92,6 +95,10 @@ class ProcessExecutor(Pooled):
     @property
     def generations_started(self) -> int:
         return self.pool.generations_started
+
+    def prepare_spare(self) -> None:
+        """Start the generation that replaces the ranks after a hang, now, in the background (meshsim.run.pool)."""
+        self.pool.prepare_spare()
 
     def renew(self) -> None:
         """Kill the workers and start fresh ones on a new store, as torchrun's agent restarts a failed worker group:
@@ -136,7 +143,8 @@ class ProcessExecutor(Pooled):
 
     # ------------------------------------------------------------------ running
 
-    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Work, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         """Send one piece of work to every rank and follow it to its end (the Executor protocol)."""
         if self.broken is not None:
             raise self.broken
@@ -145,7 +153,14 @@ class ProcessExecutor(Pooled):
         generation.send(work)
         if meanwhile is not None:
             meanwhile()  # the model predicts while the ranks work
-        record = self._follow(generation, started, work.deadline)
+        still, deadline = None, work.deadline
+        hang_wait = if_hangs() if if_hangs is not None and isinstance(work, RunPlan) else None
+        if hang_wait is not None:
+            deadline = min(deadline, hang_wait)
+            self.pool.prepare_spare()  # the ranks that replace a hung generation start while it hangs
+            if available():
+                still = Still(Stillness(), {w.rank: w.pid for w in generation.workers if w.pid})
+        record = self._follow(generation, started, deadline, still)
         if record.timed_out or record.died:
             record.stacks = generation.stacks(record.stuck)
             if self.flight_recorder is not None:
@@ -173,12 +188,13 @@ class ProcessExecutor(Pooled):
         generation.send(work)
         return self._follow(generation, time.monotonic(), work.deadline)
 
-    def _follow(self, generation: Generation, started: float, deadline: float) -> RunRecord:
+    def _follow(self, generation: Generation, started: float, deadline: float, still: Still | None = None
+                ) -> RunRecord:
         states = [RankState(rank) for rank in range(self.world)]
         hosted = [Hosted(w, [w.rank]) for w in generation.workers]
         echo = (lambda: self._echo(generation, states)) if self.echo is not None else None
         stuck, stopped = follow(hosted, states, started, deadline, stop_on_failure=self.script, echo=echo,
-                                watch=self.watch)
+                                watch=self.watch, still=still)
         for rank in stuck:
             states[rank].end = STUCK
         if echo is None:  # (an echoed run has kept every word as it came)
@@ -188,9 +204,13 @@ class ProcessExecutor(Pooled):
                          stopped=stopped, ended_at=time.time())
 
     def _after_run(self, generation: Generation, record: RunRecord) -> None:
-        """Destroy what the run made, on every rank, before the next (a script's ranks are done for good)."""
+        """Destroy what the run made, on every rank, before the next (a script's ranks are done for good); the
+        ranks keep the transports that are in step (meshsim.run.transports)."""
         if not self.script:
-            generation.send(Teardown(max(s.group_count for s in record.states) + 1))
+            if self.keeper.generation != generation.number:
+                self.keeper = Keeper(generation.number)  # fresh ranks keep nothing yet
+            forget = self.keeper.after(record.states)
+            generation.send(Teardown(max(s.group_count for s in record.states) + 1, forget))
             self.pool.forget_work_keys()
 
     def _echo(self, generation: Generation, states: list[RankState]) -> None:

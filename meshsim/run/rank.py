@@ -157,6 +157,11 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     except Exception as exc:  # could not join the world: tell the controller why, then leave
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
+    if spec.backend == "gloo":
+        from .transports import Transports, install
+
+        session.transports = Transports(spec.rank)
+        install(session.transports)
     conn.send(Ready(os.getpid()))
     serve(session, conn, send, measure)
 
@@ -181,7 +186,7 @@ def serve(session: RankSession, conn: Any, send: Callable[[Any], None], measure:
     handlers: dict[type, Callable[[Any], Any]] = {
         RunPlan: run_plan,
         RunFunction: lambda m: send(session.run_function(m.payload, m.deadline)),
-        Teardown: lambda m: session.teardown(m.next_group_count),
+        Teardown: lambda m: session.teardown(m.next_group_count, m.forget),
         Stop: stop,
     }
     while True:
@@ -332,7 +337,7 @@ class RankSession:
     """The torch side of a rank: the default group, the progress hooks, the plan interpreter, the teardown."""
 
     def __init__(self, rank: int, world: int, device_type: str, store: Any, send: Callable[[Any], None],
-                 interpreter: Any = None):
+                 interpreter: Any = None, transports: Any = None):
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
@@ -345,6 +350,7 @@ class RankSession:
         self.progress = Progress(send)
         install(self.progress)
         self.interpreter = (interpreter or Interpreter)(rank, world, device_type, self.progress)
+        self.transports = transports  # gloo backends kept across plans (meshsim.run.transports), where asked
 
     @classmethod
     def join(cls, backend: str, rank: int, world: int, send: Callable[[Any], None],
@@ -389,11 +395,16 @@ class RankSession:
     def run_plan(self, plan: Any, deadline_s: float) -> PlanDone:
         self.bound_waits(deadline_s)
         self.progress.in_plan = True
+        if self.transports is not None:
+            self.transports.on = True  # a plan's groups: a user function's make their own
         try:
             observations, end, end_step = self.interpreter.run(plan)
         finally:
             self.progress.end_plan()
-        return PlanDone(observations, end, end_step, self.c10d._world.group_count)
+            if self.transports is not None:
+                self.transports.on = False
+        kept = self.transports.report() if self.transports is not None else ()
+        return PlanDone(observations, end, end_step, self.c10d._world.group_count, kept)
 
     def run_function(self, payload: bytes, deadline_s: float) -> FunctionDone:
         import dill
@@ -407,10 +418,13 @@ class RankSession:
             ok, value = False, (exc, "".join(traceback.format_exception(exc)))
         return FunctionDone(ok, _dumps(value), self.c10d._world.group_count)
 
-    def teardown(self, next_group_count: int) -> None:
-        """Destroy what the last run made (every rank has finished it) and align the group counters."""
+    def teardown(self, next_group_count: int, forget: Any = None) -> None:
+        """Destroy what the last run made (every rank has finished it) and align the group counters; drop the kept
+        transports the controller says to (`forget`, None: all)."""
         self.progress.emit(StepBegun(-1, "teardown", None, time.time()))
         self.interpreter.release(self.baseline, next_group_count)
+        if self.transports is not None:
+            self.transports.forget(forget)
 
 
 def _dumps(value: Any) -> bytes:

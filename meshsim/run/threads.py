@@ -49,7 +49,7 @@ from ..core.wire import (
 from ..spec.platform import CPU
 from ..spec.tiers import TIERS, TierError
 from ..spec.topology import Topology
-from .follow import Hosted, absorb, follow
+from .follow import Hosted, Still, absorb, follow
 from .generation import Generation
 from .interpreter import Interpreter
 from .pool import Pooled, WorkerPool
@@ -61,6 +61,7 @@ from .rank import (
     _name_process,
     _watch_lifeline,
 )
+from .still import Stillness, available
 
 
 class RankEnded(BaseException):
@@ -237,7 +238,8 @@ class ThreadExecutor(Pooled):
             if isinstance(message, FromRank) and message.rank == -1:
                 self.thread_ranks = message.message
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         if isinstance(work, RunScript):
             raise TierError("the thread tier runs plans and functions; a script needs the process tier")
         generation = self.pool.current()
@@ -247,13 +249,19 @@ class ThreadExecutor(Pooled):
             meanwhile()
         states = [RankState(rank) for rank in range(self.world)]
         host = Hosted(generation.workers[0], list(range(self.world)))
-        stuck, stopped = follow([host], states, started, work.deadline, watch=self.watch,
-                                on_quiet=lambda: _ask(host))
+        still, deadline = None, work.deadline
+        hang_wait = if_hangs() if if_hangs is not None and isinstance(work, RunPlan) else None
+        if hang_wait is not None:
+            deadline = min(deadline, hang_wait)
+            if available():
+                still = Still(Stillness(), dict.fromkeys(range(self.world), host.worker.pid))
+        stuck, stopped = follow([host], states, started, deadline, watch=self.watch,
+                                on_quiet=lambda: _ask(host), still=still)
         if stuck:
             stuck = _reported(host, states, stuck)
         for rank in stuck:
             states[rank].end = STUCK
-        record = RunRecord(self.world, work.deadline, states, time.monotonic() - started, bool(stuck),
+        record = RunRecord(self.world, deadline, states, time.monotonic() - started, bool(stuck),
                            tier=self.tier, stopped=stopped, ended_at=time.time())
         if record.timed_out or record.died:
             record.stacks = self._stacks(generation, record.stuck)

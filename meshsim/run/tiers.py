@@ -105,7 +105,8 @@ class ModelExecutor:
     def close(self) -> None:
         pass
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         """`meanwhile` (meshsim.check) returns the model's prediction: the record is made of it."""
         if not isinstance(work, RunPlan):
             raise TierError("the model tier runs plans only")

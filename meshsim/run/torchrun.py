@@ -199,10 +199,14 @@ class TorchrunExecutor:
             self.store.set(key, make())
         return self.store.get(key).decode()
 
-    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None) -> RunRecord:
+    def execute(self, work: Any, meanwhile: Callable[[], Any] | None = None,
+                if_hangs: Callable[[], float | None] | None = None) -> RunRecord:
         if not isinstance(work, RunPlan):
             raise TierError("under torchrun meshsim runs plans; run your own functions with `meshsim launch`")
         index, self.plans = self.plans, self.plans + 1
+        hang_wait = if_hangs() if if_hangs is not None else None  # (the model's answer first: the run is in line)
+        if hang_wait is not None:
+            work = work._replace(deadline=min(work.deadline, hang_wait))
         wait_s = deadlines.torch_wait(work.deadline)  # store waits outlast the deadline: the watchdog reports
         self.progress.begin(index)
         started = time.monotonic()

@@ -15,7 +15,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
-from ..check import check, prediction_for
+from ..check import check
 from ..core import deadlines
 from ..core.errors import ClusterError
 from ..core.outcome import HANG, PASS, UNDEFINED
@@ -129,7 +129,11 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float |
         expected_hang_deadline = deadlines.expected_hang(tier, cluster.world)
     sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example)
     report = sweep.report
-    strategy = plans(sweep.world, max_steps=max_steps, device=cluster.platform.device)
+    prepare_spare = getattr(cluster, "prepare_spare", None)
+    if prepare_spare is not None:  # a sweep meets plans that hang (the matrix's undefined cells, divergent plans, bugs)
+        prepare_spare()
+    strategy = plans(sweep.world, max_steps=max_steps, device=cluster.platform.device,
+                     platform=cluster.platform)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(sweep.world))
     runs_dtensor = capabilities(tier).dtensor
@@ -181,17 +185,13 @@ class _Sweep:
         self.started = time.monotonic()
 
     def attempt(self, plan: Any) -> Any:
-        """Run `plan` against the model, count it, and remember it when it fails."""
+        """Run `plan` against the model (it predicts while the ranks run), count it, and remember it when it fails.
+        A plan the model says hangs gets the shorter deadline; while a hang is shrunk, every candidate does."""
         shrink = self.shrink
-        prediction = prediction_for(plan, self.world, self.deadline, self.cluster.platform,
-                                    getattr(self.cluster, "by_class", False))
-        wait = self.deadline
-        if torch_side(prediction.outcome) in (HANG, UNDEFINED):
-            wait = min(wait, self.expected_hang_deadline)
-        if shrink.hang_wait is not None:
-            wait = min(wait, shrink.hang_wait)
+        wait = self.deadline if shrink.hang_wait is None else min(self.deadline, shrink.hang_wait)
         try:
-            result = check(self.cluster, plan, wait, strict=self.strict, prediction=prediction)
+            result = check(self.cluster, plan, wait, strict=self.strict, hang_deadline=self.expected_hang_deadline,
+                           hangs=True if shrink.hang_wait is not None else None)
         except ClusterError as exc:
             raise Interrupted(exc) from None
         _count(self.report, plan, result)

@@ -28,7 +28,8 @@ def checks():
         (line,) = [line for line in output.splitlines() if line.startswith("RESULTS ")]
         by_rank.append(json.loads(line[len("RESULTS "):]))
     for rank, results in enumerate(by_rank):
-        errors = {name: value for name, value in results.items() if isinstance(value, str) and value.startswith("error:")}
+        errors = {name: value for name, value in results.items()
+                  if isinstance(value, str) and value.startswith("error:")}
         assert not errors, (rank, errors)
     return by_rank
 

@@ -221,10 +221,11 @@ DDP = "torch.nn.parallel.DistributedDataParallel"
        targets=(f"{C10D}.init_process_group", f"{C10D}.new_group", f"{C10D}.is_nccl_available", f"{C10D}.split_group",
                 f"{C10D}._get_split_source",
                 "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
-                "torch.distributed.device_mesh.get_backend"),
+                "torch.distributed.device_mesh.get_backend", "torch.distributed.device_mesh.split_group"),
        needs={f"{C10D}.init_process_group": ("backend", "device_id"), f"{C10D}.new_group": ("backend",),
               f"{C10D}.split_group": ("parent_pg", "split_ranks", "timeout", "group_desc")},
-       optional=(f"{C10D}.split_group", f"{C10D}._get_split_source", "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
+       optional=(f"{C10D}.split_group", f"{C10D}._get_split_source", "torch.distributed.device_mesh.split_group",
+                 "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
                  "torch.distributed.device_mesh.get_backend"))
 def _patch_group_creation() -> None:
     import torch.distributed as dist

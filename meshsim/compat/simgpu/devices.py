@@ -2,8 +2,9 @@
 
 Device queries answer for the simulated host; streams and events are synchronous (a CPU operation has finished
 when it returns, so every wait is already satisfied); annotations for profilers (NVTX) do nothing, as they do
-with no profiler attached. Every other public function of torch.cuda (memory statistics, CUDA graphs, NCCL's
-version, the allocator, ...) raises SimulatedGPUError naming it: there is no honest answer on the CPU.
+with no profiler attached; memory is memory.py's. Every other public function of torch.cuda (CUDA graphs, NCCL's
+version, raw allocations, NVML, the allocator's history) raises SimulatedGPUError naming it: there is no honest
+answer on the CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 from ..patching import patch
 from . import memory
 from .state import State, initialize, ordinal, refusal, refused
-
 
 
 def _current_index(device: Any = None) -> int:
@@ -267,6 +267,10 @@ def install() -> None:
     _refuse_the_rest(torch.cuda, "torch.cuda", set(functions) | _RNG_NAMES | set(_LEGACY_TYPES) | simulated_memory)
     _refuse_the_rest(torch.cuda.memory, "torch.cuda.memory", simulated_memory)
     _refuse_the_rest(graphs, "torch.cuda.graphs", {"is_current_stream_capturing"})
+    for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle"):
+        for module, prefix in ((torch.cuda, "torch.cuda"), (graphs, "torch.cuda.graphs")):
+            if hasattr(module, name):
+                setattr(module, name, refused(f"{prefix}.{name}", GRAPHS_WHY))
     nvtx: Any = torch.cuda.nvtx
     for name, fn in nvtx_functions().items():
         setattr(nvtx, name, fn)
@@ -290,6 +294,10 @@ def install() -> None:
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign,assignment]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(State.devices)))
 
+
+GRAPHS_WHY = ("a simulated GPU cannot capture a CUDA graph (no GPU runs its kernels to record them); turn capture "
+              "off: torchtitan's --training.disable_cuda_graphs, torch.compile(mode='default') instead of "
+              "'reduce-overhead'")
 
 # torch.cuda's RNG functions are simulated in rng.py; install() leaves them for it
 _RNG_NAMES = {"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",

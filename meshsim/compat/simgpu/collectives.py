@@ -143,7 +143,7 @@ def premul_factor(op: Any) -> Any:
     entry = _Groups.premul.get(id(op)) if op is not None else None
     if entry is not None and entry[0] is op:
         return entry[1]
-    if getattr(op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:
+    if getattr(op, "op", None) == getattr(dist.ReduceOp.RedOpType, "PREMUL_SUM", None):
         return getattr(op, "factor", None)
     return None
 
@@ -284,7 +284,8 @@ def _patch_group_creation() -> None:
             setattr(device_mesh, name, fn)
     c10d.is_nccl_available = dist.is_nccl_available = lambda: True
     if not hasattr(c10d, "ProcessGroupNCCL"):  # a CPU build of torch: code that follows from NCCL names the class
-        c10d.ProcessGroupNCCL = dist.ProcessGroupNCCL = ProcessGroupNCCL
+        for module in (c10d, dist):
+            setattr(module, "ProcessGroupNCCL", ProcessGroupNCCL)  # noqa: B010 -- mypy knows CUDA builds' class
 
 
 class ProcessGroupNCCL:

@@ -140,7 +140,7 @@ def track(tensor: Any, device: Any = None) -> Any:
         for storage in _storages(tensor):
             _count(storage, index)
     elif isinstance(tensor, (torch.UntypedStorage, torch.TypedStorage)):
-        _count(tensor.untyped_storage() if isinstance(tensor, torch.TypedStorage) else tensor, index)
+        _count(tensor._untyped_storage if isinstance(tensor, torch.TypedStorage) else tensor, index)
     return tensor
 
 

@@ -118,6 +118,7 @@ def test_nccl_groups_refuse_non_contiguous_tensors_and_gloo_groups_keep_gloos_co
 def test_unsimulated_cuda_apis_raise_simulated_gpu_error_naming_the_api(checks):
     for api, error in checks[0]["unsimulated_apis_raise"].items():
         assert error.startswith(f"SimulatedGPUError: {api}:"), (api, error)
+        assert ("--training.disable_cuda_graphs" in error) == ("graph" in api.lower()), (api, error)
 
 
 def test_streams_and_events_are_synchronous(checks):

@@ -76,7 +76,8 @@ def launch(script: str, topology: Topology, args: list[str] | tuple = (), deadli
     flight = os.path.join(log_dir, "flight_recorder") if log_dir is not None else None
     with ProcessExecutor(topology, backend="gloo" if simulate_gpus else "nccl", deadline=deadline,
                          start_timeout=settings.start_timeout, script=True, simulated_gpus=simulate_gpus, echo=logs,
-                         flight_recorder=flight, gpus_per_host=gpus, split_streams=settings.split_streams) as executor:
+                         flight_recorder=flight, gpus_per_host=gpus, split_streams=settings.split_streams,
+                         gpu=settings.gpu) as executor:
         earlier: list[Verdict] = []
         for attempt in range(settings.max_restarts + 1):
             if attempt:

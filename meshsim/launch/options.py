@@ -45,7 +45,8 @@ class LaunchOptions:
     host_dirs: each simulated host h works in host_dirs/host<h> (its own disk); gpus_per_host: the GPUs each
     simulated host shows (None: one a rank); run_id, role: TORCHELASTIC_RUN_ID and ROLE_NAME; redirects, tee,
     local_ranks_filter, duplicate_*_filters, logs_specs: torchrun's log routing; virtual_local_rank: every rank
-    sees LOCAL_RANK=0 and its one GPU as device 0; start_timeout: how long the ranks may take to join.
+    sees LOCAL_RANK=0 and its one GPU as device 0; start_timeout: how long the ranks may take to join; gpu: the
+    card a simulated GPU is ("h100-80gb", "a100-40gb", "a100-80gb", "h200-141gb" or bytes: its memory).
     """
 
     max_restarts: int = 0
@@ -61,8 +62,16 @@ class LaunchOptions:
     logs_specs: str | None = None
     virtual_local_rank: bool = False
     start_timeout: float = deadlines.START_S
+    gpu: str | None = None  # the card each simulated GPU is (meshsim.compat.simgpu.gpus; None: an H100 80GB)
 
     def __post_init__(self) -> None:
+        if self.gpu is not None:
+            from ..compat.simgpu.gpus import GPUError, gpu_of
+
+            try:
+                gpu_of(self.gpu)
+            except GPUError as exc:
+                raise LaunchError(str(exc)) from None
         if not _count(self.max_restarts, 0):
             raise LaunchError(f"--max-restarts must be 0 or more, got {self.max_restarts!r}")
         if self.gpus_per_host is not None and not _count(self.gpus_per_host, 1):
@@ -140,6 +149,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices-per-host", type=int, default=None, metavar="D",
                         help=f"GPUs each simulated host has (torch.cuda.device_count() on its ranks); default: one a "
                              f"rank, or {GPUS_PER_HOST} with --nproc-per-node gpu or auto")
+    parser.add_argument("--gpu", metavar="CARD", default=None,
+                        help="the card each simulated GPU is: h100-80gb (default), a100-40gb, a100-80gb, h200-141gb, "
+                             "or a number of bytes (its memory); its capacity is where CUDA's out-of-memory error "
+                             "comes")
     parser.add_argument("--host-dirs", metavar="DIR",
                         help="give each simulated host its own disk: the ranks of host h run in DIR/host<h> (made if "
                              "missing, kept afterwards), so relative paths, like a checkpoint that local rank 0 "
@@ -188,7 +201,7 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
         duplicate_stdout_filters=_since_2_10(ns, "duplicate_stdout_filters"),
         duplicate_stderr_filters=_since_2_10(ns, "duplicate_stderr_filters"),
         logs_specs=ns.logs_specs, virtual_local_rank=bool(getattr(ns, "virtual_local_rank", False)),
-        start_timeout=start_timeout)
+        start_timeout=start_timeout, gpu=ns.gpu)
     deadline = deadlines.checked(ns.deadline)
     return LaunchRequest(ns.training_script, bool(ns.module), list(ns.training_script_args), Topology(hosts, ranks),
                          deadline, ns.log_dir, options, bool(ns.groups), tuple(notes))

@@ -49,7 +49,8 @@ class ProcessExecutor(Pooled):
     script=True makes bare ranks for `meshsim launch` (nothing pre-initialised; a RunScript each); `setup` runs on
     every rank of every generation (a callable, or "module:function"); `echo(rank, text, stream)` sees what ranks
     print while a run goes on: stream is "output" (stdout and stderr as written), or with split_streams=True
-    "stdout" and "stderr" apart. gpus_per_host: the simulated GPUs each host shows (default one a rank).
+    "stdout" and "stderr" apart. gpus_per_host: the simulated GPUs each host shows (default one a rank); gpu: the
+    card each simulated GPU is (meshsim.compat.simgpu.gpus; default an H100 80GB).
     """
 
     tier = "process"
@@ -60,7 +61,8 @@ class ProcessExecutor(Pooled):
                  start_timeout: float | None = None, setup: Callable | str | None = None,
                  script: bool = False, simulated_gpus: bool = False,
                  echo: Callable[[int, str, str], None] | None = None, coverage_dir: str | None = None,
-                 flight_recorder: str | None = None, gpus_per_host: int | None = None, split_streams: bool = False):
+                 flight_recorder: str | None = None, gpus_per_host: int | None = None, split_streams: bool = False,
+                 gpu: str | None = None):
         if topology.world > self.capabilities.max_world:
             raise ClusterError(f"{topology} is {topology.world} ranks; the process tier runs at most "
                                f"{self.capabilities.max_world} (larger worlds: --tier thread up to "
@@ -76,6 +78,11 @@ class ProcessExecutor(Pooled):
         self.simulated_gpus = simulated_gpus
         self.echo = echo
         self.gpus_per_host = gpus_per_host
+        if gpu is not None:
+            from ..compat.simgpu.gpus import gpu_of
+
+            gpu_of(gpu)  # a card meshsim does not know is one line (GPUError), before any rank starts
+        self.gpu = gpu
         self.split_streams = split_streams
         self.flight_recorder = flight_recorder  # where a hung run's Flight Recorder dumps go (meshsim.run.flight)
         self.broken: SetupError | None = None  # a setup that failed once fails every generation: stop trying
@@ -116,7 +123,7 @@ class ProcessExecutor(Pooled):
                        self.simulated_gpus,
                        os.path.join(self.coverage_dir, "rank") if self.coverage_dir else None,
                        self.flight_recorder, self.gpus_per_host,
-                       os.path.join(tmp, f"errors-{number}-{rank}") if self.split_streams else None)
+                       os.path.join(tmp, f"errors-{number}-{rank}") if self.split_streams else None, self.gpu)
             for rank in range(self.world)
         ]
 

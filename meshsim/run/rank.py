@@ -64,6 +64,7 @@ class WorkerSpec:
     flight_recorder: str | None = None  # record collectives, and dump them here on a hang (meshsim.run.flight)
     gpus_per_host: int | None = None  # simulated GPUs a host shows (None: one a rank, devices_per_host)
     error_file: str | None = None  # the rank's stderr apart from its stdout (torchrun's --redirects/--tee)
+    gpu: str | None = None  # the card each simulated GPU is (meshsim.compat.simgpu.gpus; None: an H100 80GB)
 
 
 def _die_with_parent() -> None:
@@ -241,7 +242,7 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
         if spec.simulated_gpus:
             from ..compat import simgpu
 
-            simgpu.install(spec.gpus_per_host or spec.devices_per_host)
+            simgpu.install(spec.gpus_per_host or spec.devices_per_host, spec.gpu)
         install(progress)
     except CompatError as exc:  # before the script runs: never a TypeError inside the user's code
         conn.send(JoinFailed(str(exc), incompatible=True))

@@ -219,9 +219,10 @@ def unsimulated_apis_raise():
     return {name: raises(fn) for name, fn in {
         "torch._C._nccl_version": lambda: torch._C._nccl_version(),
         "torch.cuda.nccl.version": lambda: torch.cuda.nccl.version(),
-        "torch.cuda.memory_allocated": lambda: torch.cuda.memory_allocated(),
+        "torch.cuda.caching_allocator_alloc": lambda: torch.cuda.caching_allocator_alloc(16),
         "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
-        "torch.accelerator.memory_allocated": lambda: torch.accelerator.memory_allocated(),
+        "torch.cuda.graph": lambda: torch.cuda.graph(None),
+        "torch.cuda.list_gpu_processes": lambda: torch.cuda.list_gpu_processes(),
         "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event(enable_timing=True).elapsed_time(
             torch.cuda.Event()),
     }.items()}

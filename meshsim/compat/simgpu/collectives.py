@@ -118,15 +118,15 @@ def _all_gather_into_tensor(original: dict[str, Any], call: Call) -> Any:
     return original["all_gather_into_tensor"](**dict(call, output_tensor=_flat(output), input_tensor=_flat(input)))
 
 
-def _reduce_scatter_tensor(original: dict[str, Any], call: Call) -> Any:
+def _reduce_scatter_tensor(original: dict[str, Any], call: Call, name: str = "reduce_scatter_tensor") -> Any:
     output, input = call["output"], call["input"]
     _contiguous(output, input)
     if input.numel() != output.numel() * _group_size(call.get("group")):
         raise ValueError("input tensor must be the same size as output size times world size")
     call = dict(call, output=_flat(output), input=_flat(input))
     if call.get("op") is not None:
-        call["op"] = _premultiplied(call["op"], input)
-    return original["reduce_scatter_tensor"](**call)
+        call["op"], call["input"] = _premultiplied(call["op"], call["input"], in_place=False)
+    return original[name](**call)
 
 
 def _group_size(group: Any) -> int:
@@ -135,22 +135,35 @@ def _group_size(group: Any) -> int:
     return c10d.get_world_size(group)
 
 
-def _premultiplied(op: Any, tensor: Any) -> Any:
-    """PREMUL_SUM(factor) as NCCL computes it: every input times factor, then summed."""
+def premul_factor(op: Any) -> Any:
+    """The factor of a PREMUL_SUM reduce op (ReduceOp.PREMUL_SUM(f), or _make_nccl_premul_sum(f)); None for
+    another op."""
     import torch.distributed as dist
 
     entry = _Groups.premul.get(id(op)) if op is not None else None
-    if entry is None or entry[0] is not op:
-        return op
-    tensor.mul_(entry[1])
-    return dist.ReduceOp.SUM
+    if entry is not None and entry[0] is op:
+        return entry[1]
+    if getattr(op, "op", None) == getattr(dist.ReduceOp.RedOpType, "PREMUL_SUM", None):
+        return getattr(op, "factor", None)
+    return None
+
+
+def _premultiplied(op: Any, tensor: Any, in_place: bool = True) -> tuple[Any, Any]:
+    """PREMUL_SUM(factor) as NCCL computes it: every input times factor, then summed. An input that is not also the
+    output is left as it was (NCCL reads it), and a scaled copy is reduced instead."""
+    import torch.distributed as dist
+
+    factor = premul_factor(op)
+    if factor is None:
+        return op, tensor
+    return dist.ReduceOp.SUM, tensor.mul_(factor) if in_place else tensor * factor
 
 
 def _reducing(name: str, original: dict[str, Any], call: Call) -> Any:
     """all_reduce / reduce: NCCL's contiguity check and PREMUL_SUM; the rest as gloo does it."""
     _contiguous(call["tensor"])
     if call.get("op") is not None:
-        call = dict(call, op=_premultiplied(call["op"], call["tensor"]))
+        call = dict(call, op=_premultiplied(call["op"], call["tensor"])[0])
     return original[name](**call)
 
 
@@ -166,6 +179,7 @@ ADAPTED: dict[str, Callable[[dict[str, Any], Call], Any]] = {
     "all_gather": _all_gather,
     "all_gather_into_tensor": _all_gather_into_tensor,
     "reduce_scatter_tensor": _reduce_scatter_tensor,
+    "reduce_scatter_single": functools.partial(_reduce_scatter_tensor, name="reduce_scatter_single"),
     "all_reduce": functools.partial(_reducing, "all_reduce"),
     "reduce": functools.partial(_reducing, "reduce"),
     **{name: functools.partial(_checked, name) for name in ("broadcast", "send", "recv", "isend", "irecv",
@@ -175,6 +189,7 @@ ADAPTED: dict[str, Callable[[dict[str, Any], Call], Any]] = {
 READS = {"all_gather": ("tensor_list", "tensor", "group", "async_op"),
          "all_gather_into_tensor": ("output_tensor", "input_tensor", "group"),
          "reduce_scatter_tensor": ("output", "input", "op", "group"),
+         "reduce_scatter_single": ("output", "input", "op", "group"),
          "all_reduce": ("tensor", "op", "group"), "reduce": ("tensor", "op", "group")}
 
 
@@ -203,11 +218,14 @@ DDP = "torch.nn.parallel.DistributedDataParallel"
 
 
 @patch("nccl.groups", "NCCL's groups on gloo (a script that asks for nccl, as on GPU hosts)",
-       targets=(f"{C10D}.init_process_group", f"{C10D}.new_group", f"{C10D}.is_nccl_available",
+       targets=(f"{C10D}.init_process_group", f"{C10D}.new_group", f"{C10D}.is_nccl_available", f"{C10D}.split_group",
+                f"{C10D}._get_split_source",
                 "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
-                "torch.distributed.device_mesh.get_backend"),
-       needs={f"{C10D}.init_process_group": ("backend", "device_id"), f"{C10D}.new_group": ("backend",)},
-       optional=("torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
+                "torch.distributed.device_mesh.get_backend", "torch.distributed.device_mesh.split_group"),
+       needs={f"{C10D}.init_process_group": ("backend", "device_id"), f"{C10D}.new_group": ("backend",),
+              f"{C10D}.split_group": ("parent_pg", "split_ranks", "timeout", "group_desc")},
+       optional=(f"{C10D}.split_group", f"{C10D}._get_split_source", "torch.distributed.device_mesh.split_group",
+                 "torch.distributed.device_mesh.init_process_group", "torch.distributed.device_mesh.new_group",
                  "torch.distributed.device_mesh.get_backend"))
 def _patch_group_creation() -> None:
     import torch.distributed as dist
@@ -221,11 +239,16 @@ def _patch_group_creation() -> None:
         call = arguments(original_init, args, kwargs)
         device_id = call.pop("device_id", None)
         if device_id is not None:
-            _check_device_id(device_id)  # as torch checks it; binding a group to a GPU is NCCL's own business
+            device_id = _check_device_id(device_id)  # as torch checks it
         _Groups.nccl_world = _asks_nccl(call.get("backend")) is not False
         _Groups.gloo = set()
         result = original_init(**dict(call, backend=_translate(call.get("backend"))))
-        _Groups.kept.append(c10d._get_default_group())
+        default = c10d._get_default_group()
+        _Groups.kept.append(default)
+        if device_id is not None and device_id.type == "cuda":
+            # bound as NCCL binds it (barrier and object collectives use it), after gloo's init: torch would
+            # otherwise connect and split gloo's communicators for a CUDA device
+            default.bound_device_id = device_id
         return result
 
     @functools.wraps(original_new)
@@ -249,14 +272,62 @@ def _patch_group_creation() -> None:
         name = c10d.get_backend(group)
         return "nccl" if name == "gloo" and is_nccl(group) else name
 
+    if hasattr(c10d, "_get_split_source"):  # a bound group's subgroups split NCCL's communicators; gloo's cannot
+        original_source = c10d._get_split_source
+        c10d._get_split_source = lambda pg: None if is_nccl(pg) else original_source(pg)
+    split_group = _split_group(c10d.split_group, new_group) if hasattr(c10d, "split_group") else None
+    if split_group is not None:
+        c10d.split_group = dist.split_group = split_group
     for name, fn in (("init_process_group", init_process_group), ("new_group", new_group),
-                     ("get_backend", mesh_get_backend)):
-        if hasattr(device_mesh, name):  # DeviceMesh makes its groups through names it imported
+                     ("get_backend", mesh_get_backend), ("split_group", split_group)):
+        if fn is not None and hasattr(device_mesh, name):  # DeviceMesh makes its groups through names it imported
             setattr(device_mesh, name, fn)
     c10d.is_nccl_available = dist.is_nccl_available = lambda: True
+    if not hasattr(c10d, "ProcessGroupNCCL"):  # a CPU build of torch: code that follows from NCCL names the class
+        for module in (c10d, dist):
+            setattr(module, "ProcessGroupNCCL", ProcessGroupNCCL)  # noqa: B010 -- mypy knows CUDA builds' class
 
 
-def _check_device_id(device_id: Any) -> None:
+class ProcessGroupNCCL:
+    """What a CPU build of torch lacks and its own code names once NCCL is available (`_set_pg_timeout`, abort,
+    group uids: `is_nccl_available() and isinstance(backend, ProcessGroupNCCL)`). No backend is one: the simulated
+    NCCL groups are gloo's, so that code takes gloo's path (a timeout set per group is gloo's timeout)."""
+
+    class Options:
+        """ProcessGroupNCCL.Options, as scripts build it for init_process_group(pg_options=...)."""
+
+        def __init__(self, is_high_priority_stream: bool = False):
+            self.is_high_priority_stream = is_high_priority_stream
+            self._timeout = None
+            self.config = None
+
+
+def _split_group(original: Any, new_group: Any) -> Any:
+    """split_group (ncclCommSplit, which DeviceMesh uses once a group is bound to a device) on the simulated NCCL
+    groups: a new group for each split, made by every rank in the same order, as DeviceMesh makes them unbound.
+    gloo's own split copies options it cannot copy."""
+    import torch.distributed.distributed_c10d as c10d
+
+    @functools.wraps(original)
+    def split_group(*args: Any, **kwargs: Any) -> Any:
+        call = arguments(original, args, kwargs)
+        parent = call.get("parent_pg")
+        if call.get("split_ranks") is None or not is_nccl(parent):
+            return original(*args, **kwargs)
+        parent = parent if parent is not None else c10d._get_default_group()
+        mine = None
+        for ranks in call["split_ranks"]:
+            members = [c10d.get_global_rank(parent, r) for r in ranks]
+            group = new_group(members, timeout=call.get("timeout"), group_desc=call.get("group_desc"))
+            if c10d.get_rank() in members:
+                mine = group
+        return mine
+
+    return split_group
+
+
+def _check_device_id(device_id: Any) -> Any:
+    """The device_id init_process_group takes, as a torch.device, once checked as torch checks it."""
     import torch
 
     if isinstance(device_id, int):
@@ -269,6 +340,7 @@ def _check_device_id(device_id: Any) -> None:
         except RuntimeError:
             raise ValueError(f"device_id {device_id} is out of range. Please use a device index less than the "
                              f"number of accelerators available: {torch.accelerator.device_count()}.") from None
+    return device_id
 
 
 @patch("nccl.premul-sum", "NCCL's PREMUL_SUM reduce op", targets=("torch.distributed._make_nccl_premul_sum",),
@@ -312,13 +384,15 @@ def _patch_ddp() -> None:
 
 
 @patch("nccl.collectives", "NCCL's element-counting contract, contiguity check and PREMUL_SUM on gloo",
-       targets=tuple(f"{C10D}.{name}" for name in ADAPTED), needs={f"{C10D}.{n}": r for n, r in READS.items()})
+       targets=tuple(f"{C10D}.{name}" for name in ADAPTED), needs={f"{C10D}.{n}": r for n, r in READS.items()},
+       optional=(f"{C10D}.reduce_scatter_single",))  # new in 2.13; reduce_scatter_tensor calls it there
 def _nccl_collectives() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    original = {name: getattr(c10d, name) for name in list(ADAPTED) + ["broadcast"]}
-    for name in ADAPTED:
+    adapted = [name for name in ADAPTED if hasattr(c10d, name)]
+    original = {name: getattr(c10d, name) for name in adapted + ["broadcast"]}
+    for name in adapted:
         wrapped = _nccl_semantics(name, original)
         if getattr(dist, name, None) is original[name]:
             setattr(dist, name, wrapped)

@@ -2,8 +2,9 @@
 
 Device queries answer for the simulated host; streams and events are synchronous (a CPU operation has finished
 when it returns, so every wait is already satisfied); annotations for profilers (NVTX) do nothing, as they do
-with no profiler attached. Every other public function of torch.cuda (memory statistics, CUDA graphs, NCCL's
-version, the allocator, ...) raises SimulatedGPUError naming it: there is no honest answer on the CPU.
+with no profiler attached; memory is memory.py's. Every other public function of torch.cuda (CUDA graphs, NCCL's
+version, raw allocations, NVML, the allocator's history) raises SimulatedGPUError naming it: there is no honest
+answer on the CPU.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import types
 from typing import Any
 
 from ..patching import patch
+from . import memory
 from .state import State, initialize, ordinal, refusal, refused
-
-CAPABILITY = (9, 0)  # what a simulated GPU reports: an H100's compute capability (bf16 and TF32 supported)
 
 
 def _current_index(device: Any = None) -> int:
@@ -133,13 +133,6 @@ class StreamContext:
         pass
 
 
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
-
-
 class DeviceProperties(types.SimpleNamespace):
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -147,10 +140,12 @@ class DeviceProperties(types.SimpleNamespace):
 
 
 def properties(device: Any = None) -> DeviceProperties:
-    """What a simulated GPU reports: the host's memory shared among its GPUs (it is where they live)."""
+    """What a simulated GPU reports: the card it simulates (`--gpu`; an H100 80GB unless told), its memory the
+    capacity its allocator holds to (memory.py)."""
     index = _current_index(device)
-    return DeviceProperties(name="meshsim simulated GPU (CPU memory)", major=CAPABILITY[0], minor=CAPABILITY[1],
-                            total_memory=_physical_memory() // max(State.devices, 1), multi_processor_count=1,
+    gpu = memory.Books.gpu
+    return DeviceProperties(name=gpu.name, major=gpu.capability[0], minor=gpu.capability[1],
+                            total_memory=gpu.total_memory, multi_processor_count=gpu.multiprocessors,
                             is_integrated=False, is_multi_gpu_board=False, warp_size=32, L2_cache_size=0,
                             uuid=f"meshsim-{index}", pci_bus_id=index, pci_device_id=0, pci_domain_id=0)
 
@@ -176,8 +171,8 @@ def cuda_functions() -> dict[str, Any]:
         "synchronize": _initializing(lambda device=None: None),
         "get_device_name": lambda device=None: properties(device).name,
         "get_device_properties": properties,
-        "get_device_capability": lambda device=None: (_current_index(device), CAPABILITY)[1],
-        "get_arch_list": lambda: [f"sm_{CAPABILITY[0]}{CAPABILITY[1]}"],
+        "get_device_capability": lambda device=None: (_current_index(device), memory.Books.gpu.capability)[1],
+        "get_arch_list": lambda: ["sm_{}{}".format(*memory.Books.gpu.capability)],
         "is_bf16_supported": lambda including_emulation=True: True,
         "is_tf32_supported": lambda: True,
         "Stream": Stream,
@@ -191,7 +186,6 @@ def cuda_functions() -> dict[str, Any]:
         "_DeviceGuard": DeviceContext,
         "device_of": lambda obj: DeviceContext(None),
         "is_current_stream_capturing": lambda: False,
-        "empty_cache": lambda: None,  # nothing is cached: tensors are freed to the CPU allocator
     }
 
 
@@ -216,8 +210,7 @@ def accelerator_functions() -> dict[str, Any]:
         "synchronize": lambda device=None: None,
         "current_stream": lambda device=None: Stream(device),
         "set_stream": lambda stream: None,
-        "empty_cache": lambda: None,
-        "get_device_capability": lambda device=None: {"major": CAPABILITY[0], "minor": CAPABILITY[1]},
+        "get_device_capability": lambda device=None: dict(zip(("major", "minor"), memory.Books.gpu.capability)),
     }
 
 
@@ -270,10 +263,14 @@ def install() -> None:
     for name in _LEGACY_TYPES:  # torch.cuda.FloatTensor, ...: the CPU's, since that is where the data lives
         if hasattr(torch, name):
             setattr(torch.cuda, name, getattr(torch, name))
-    _refuse_the_rest(torch.cuda, "torch.cuda", set(functions) | _RNG_NAMES | set(_LEGACY_TYPES))
-    _refuse_the_rest(torch.cuda.memory, "torch.cuda.memory", {"empty_cache"})
-    torch.cuda.memory.empty_cache = functions["empty_cache"]
+    simulated_memory = set(memory.cuda_memory_functions()) | {"memory_summary"}  # memory.py installs them
+    _refuse_the_rest(torch.cuda, "torch.cuda", set(functions) | _RNG_NAMES | set(_LEGACY_TYPES) | simulated_memory)
+    _refuse_the_rest(torch.cuda.memory, "torch.cuda.memory", simulated_memory)
     _refuse_the_rest(graphs, "torch.cuda.graphs", {"is_current_stream_capturing"})
+    for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle"):
+        for module, prefix in ((torch.cuda, "torch.cuda"), (graphs, "torch.cuda.graphs")):
+            if hasattr(module, name):
+                setattr(module, name, refused(f"{prefix}.{name}", GRAPHS_WHY))
     nvtx: Any = torch.cuda.nvtx
     for name, fn in nvtx_functions().items():
         setattr(nvtx, name, fn)
@@ -290,12 +287,17 @@ def install() -> None:
         setattr(accel, name, fn)
     for name in dir(accel):
         value = getattr(accel, name)
-        if not name.startswith("_") and name not in simulated and callable(value) and not isinstance(value, type):
+        if not name.startswith("_") and name not in simulated and name not in memory.ACCELERATOR and callable(value) \
+                and not isinstance(value, type):
             if getattr(value, "__module__", "").startswith("torch.accelerator"):
                 setattr(accel, name, refused(f"torch.accelerator.{name}"))
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign,assignment]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(State.devices)))
 
+
+GRAPHS_WHY = ("a simulated GPU cannot capture a CUDA graph (no GPU runs its kernels to record them); turn capture "
+              "off: torchtitan's --training.disable_cuda_graphs, torch.compile(mode='default') instead of "
+              "'reduce-overhead'")
 
 # torch.cuda's RNG functions are simulated in rng.py; install() leaves them for it
 _RNG_NAMES = {"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",

@@ -22,6 +22,7 @@ import functools
 from typing import Any
 
 from ..patching import patch
+from . import memory
 from .state import initialize, is_gpu, ordinal
 
 _LIBRARIES: list = []  # the torch.library registrations live as long as the rank
@@ -43,14 +44,30 @@ def _on_cpu_kernel(op: Any, device_index: int | None) -> Any:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
+            gpu, kwargs["device"] = kwargs["device"], _cpu(kwargs["device"])
+            meta = args, dict(kwargs, device="meta")
         elif device_index is not None and len(args) > device_index:
+            gpu = args[device_index]
             args = args[:device_index] + (_cpu(args[device_index]),) + args[device_index + 1:]
+            meta = args[:device_index] + ("meta",) + args[device_index + 1:], kwargs
+        else:
+            return op(*args, **kwargs)
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
+        # CUDA refuses a request past the device's memory before it allocates: so does a simulated GPU, whose host
+        # might not hold the request at all (the bytes come from the same call on the meta device)
+        memory.check(_nbytes(op(*meta[0], **dict(meta[1], pin_memory=False) if "pin_memory" in meta[1] else
+                                meta[1])), gpu, str(op))
         return op(*args, **kwargs)
 
     return kernel
+
+
+def _nbytes(out: Any) -> int:
+    import torch
+
+    tensors = [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
+    return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
 def _cuda_allocators() -> list[tuple[str, Any]]:
@@ -87,6 +104,16 @@ def _register_kernels() -> None:
         library.impl(name.split("::", 1)[1], _on_cpu_kernel(op, index), "CUDA")
 
 
+def _gpu_asked(args: tuple, kwargs: dict) -> int | None:
+    """The simulated GPU a Tensor.to call moves to (its device argument, or a tensor's that lives on one)."""
+    import torch
+
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, torch.Tensor):
+        return memory.device_of(device)
+    return ordinal(device) if device is not None and not isinstance(device, torch.dtype) and is_gpu(device) else None
+
+
 def _map_to_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Tensor.to / Module.to arguments: a device (first positional, or device=) that is a simulated GPU -> cpu."""
     if args and is_gpu(args[0]):
@@ -103,12 +130,14 @@ def _patch_tensor_methods() -> None:
 
     @functools.wraps(original_to)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        gpu = _gpu_asked(args, kwargs)
         args, kwargs = _map_to_args(args, kwargs)
-        return original_to(self, *args, **kwargs)
+        moved = original_to(self, *args, **kwargs)
+        return memory.track(moved, gpu) if gpu is not None else moved
 
     def cuda(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-        ordinal(device if device is not None else "cuda")
-        return original_to(self, "cpu", non_blocking=non_blocking, **kwargs)
+        index = ordinal(device if device is not None else "cuda")
+        return memory.track(original_to(self, "cpu", non_blocking=non_blocking, **kwargs), index)
 
     original_type = torch.Tensor.type
 
@@ -126,8 +155,7 @@ def _patch_tensor_methods() -> None:
     tensor.pin_memory = lambda self, device=None: self  # pinning needs a real accelerator; the memory is the same
 
     def storage_cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
-        ordinal(device if device is not None else "cuda")
-        return self
+        return memory.track(self, ordinal(device if device is not None else "cuda"))
 
     for storage in (torch.UntypedStorage, torch.TypedStorage):
         setattr(storage, "cuda", storage_cuda)  # noqa: B010 -- mypy refuses assigning a method
@@ -155,10 +183,10 @@ def _patch_load() -> None:
     def restore(obj: Any, location: str) -> Any:
         if not location.startswith("cuda"):
             return None
-        ordinal(torch.device(location))
+        index = ordinal(torch.device(location))
         if getattr(obj, "_torch_load_uninitialized", False):
-            return torch.UntypedStorage(obj.nbytes())
-        return obj
+            return memory.track(torch.UntypedStorage(obj.nbytes()), index)
+        return memory.track(obj, index)
 
     registry = serialization._package_registry
     for position, (priority, tagger, deserializer) in enumerate(registry):

@@ -1,0 +1,373 @@
+"""A simulated GPU's memory: the bytes of the tensors that live on it, and torch.cuda's memory API over them.
+
+Which storages live on a simulated GPU (they are all in CPU memory; this says which device they stand for):
+- a factory asked for a GPU (device="cuda"/"cuda:i"/an ordinal, to_empty(device="cuda"), a default device of
+  cuda), a tensor or module moved there (.cuda(), .to("cuda"), Module.to(i)), a storage torch.load restores for
+  one;
+- the output of any operator one of whose inputs lives on a GPU (autograd's formulas, optimizers' states, DTensor's
+  local operators, the collectives' results), and whatever a non-copy operator writes into in place, like an
+  out= buffer or a collective's output (FSDP's all-gather and reduce-scatter buffers);
+- not: a copy_ into a CPU tensor (a device-to-host copy), a factory asked for the CPU.
+A TorchDispatchMode sees every operator, whoever calls it (DTensor's own operators pass it down to their local
+ones); a storage's finalizer frees its bytes when torch frees it; UntypedStorage.resize_ (FSDP's free and
+re-allocation of unsharded parameters) is followed. The bytes go through the caching allocator's books
+(allocator.py), which answer memory_stats() and the rest, and raise CUDA's OutOfMemoryError past the capacity.
+
+Tensors moved to the CPU (.cpu(), .to("cpu")) are the same memory here and stay counted on their GPU until freed.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+from ..patching import patch, wrap
+from .allocator import Allocator, OutOfMemory
+from .gpus import GPU, gpu_of
+from .state import State, initialize, is_gpu, ordinal
+
+
+class Books:
+    """This rank's simulated GPUs' memory: an allocator a device, and every storage counted, by its StorageImpl."""
+
+    gpu: GPU = gpu_of(None)
+    allocators: dict[int, Allocator] = {}
+    storages: dict[int, tuple[int, int]] = {}  # storage._cdata -> (device, bytes)
+    mode: Any = None
+
+
+def reset(gpu: GPU) -> None:
+    Books.gpu, Books.allocators, Books.storages = gpu, {}, {}
+
+
+def allocator(device: int | None = None) -> Allocator:
+    index = State.current if device is None else device
+    books = Books.allocators.get(index)
+    if books is None:
+        books = Books.allocators[index] = Allocator(index, Books.gpu.total_memory)
+    return books
+
+
+def _device(device: Any) -> int:
+    initialize()
+    return State.current if device is None else ordinal(device)
+
+
+# ------------------------------------------------------------------------------------------------ counting storages
+
+def _count(storage: Any, device: int, where: str = "") -> None:
+    """Count `storage` on simulated GPU `device` (once: a storage already counted stays where it is)."""
+    key = storage._cdata
+    if key in Books.storages or storage.device.type != "cpu":
+        return
+    size = storage.nbytes()
+    try:
+        allocator(device).allocate(size)
+    except OutOfMemory as exc:
+        raise _oom(exc.message, device, where) from None
+    Books.storages[key] = (device, size)
+    weakref.finalize(storage, _release, key)
+
+
+def check(size: int, device: Any, where: str = "") -> None:
+    """Raise CUDA's OutOfMemoryError if `size` bytes would not fit on simulated GPU `device` (before allocating)."""
+    index = _device(device)
+    try:
+        allocator(index).check(size)
+    except OutOfMemory as exc:
+        raise _oom(exc.message, index, where) from None
+
+
+def _release(key: int) -> None:
+    device, size = Books.storages.pop(key, (None, 0))
+    if device is not None:
+        allocator(device).free(size)
+
+
+def _resized(storage: Any, where: str = "") -> None:
+    """A counted storage that changed size (resize_): its old bytes freed, its new ones allocated."""
+    entry = Books.storages.get(storage._cdata)
+    if entry is None:
+        return
+    device, old = entry
+    new = storage.nbytes()
+    if new == old:
+        return
+    books = allocator(device)
+    books.free(old)
+    Books.storages[storage._cdata] = (device, 0)
+    try:
+        books.allocate(new)
+    except OutOfMemory as exc:
+        raise _oom(exc.message, device, where) from None
+    Books.storages[storage._cdata] = (device, new)
+
+
+def _oom(message: str, device: int, where: str) -> Exception:
+    import torch
+
+    rank = os.environ.get("RANK", "?")
+    site = f"; in {where}" if where else ""
+    return torch.OutOfMemoryError(f"{message} (meshsim: rank {rank}, simulated GPU {device}: "
+                                  f"{Books.gpu.describe()}{site})")
+
+
+def _storages(tensor: Any) -> list[Any]:
+    """The storages a tensor's data is in (a wrapper subclass's inner tensors'); none for meta or fake ones."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return [s for name in names for s in _storages(getattr(tensor, name))]
+    if not tensor.is_cpu:
+        return []
+    return [tensor.untyped_storage()]
+
+
+def track(tensor: Any, device: Any = None) -> Any:
+    """A tensor (or module's tensors) now on simulated GPU `device` (an ordinal or device; None: current)."""
+    import torch
+
+    index = _device(device)
+    if isinstance(tensor, torch.nn.Module):
+        for value in list(tensor.parameters()) + list(tensor.buffers()):
+            track(value, index)
+            if value.grad is not None:
+                track(value.grad, index)
+    elif isinstance(tensor, torch.Tensor):
+        for storage in _storages(tensor):
+            _count(storage, index)
+    elif isinstance(tensor, (torch.UntypedStorage, torch.TypedStorage)):
+        _count(tensor._untyped_storage if isinstance(tensor, torch.TypedStorage) else tensor, index)
+    return tensor
+
+
+def device_of(tensor: Any) -> int | None:
+    """The simulated GPU a tensor lives on, or None for host memory."""
+    return _device_of([tensor])
+
+
+def _tensors(values: Any) -> list[Any]:
+    """The tensors among an operator's arguments or outputs (one level of lists, as aten's schemas have)."""
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        return [values]
+    if isinstance(values, (list, tuple)):
+        return [v for v in values if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _device_of(tensors: list[Any]) -> int | None:
+    for tensor in tensors:
+        for storage in _storages(tensor):
+            entry = Books.storages.get(storage._cdata)
+            if entry is not None:
+                return entry[0]
+    return None
+
+
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}  # operator -> its arguments written in place (pos, name)
+
+
+def _written(func: Any) -> tuple[tuple[int, str], ...]:
+    found = _WRITES.get(func)
+    if found is None:
+        found = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                      if a.alias_info is not None and a.alias_info.is_write)
+        _WRITES[func] = found
+    return found
+
+
+def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    """Count what an operator put on a simulated GPU: its outputs, and what it wrote into in place."""
+    written = _written(func)
+    if "device" in kwargs and kwargs["device"] is not None:
+        if not is_gpu(kwargs["device"]):
+            return  # asked for the CPU (or meta): host memory
+        device: int | None = _device(kwargs["device"])
+    else:
+        inputs = [t for a in args for t in _tensors(a)] + [t for v in kwargs.values() for t in _tensors(v)]
+        device = _device_of(inputs)
+    targets = [] if written else _tensors(out)
+    if written and func.__name__ not in _COPIES:
+        targets = [t for i, name in written for t in _tensors(args[i] if i < len(args) else kwargs.get(name))]
+        for tensor in targets:
+            for storage in _storages(tensor):
+                _resized(storage, str(func))  # resize_, set_, a collective into a freed buffer
+    if device is None:
+        return
+    for tensor in targets:
+        for storage in _storages(tensor):
+            _count(storage, device, str(func))
+
+
+_COPIES = {"copy_.default", "copy_", "_copy_from.default", "set_.source_Storage", "set_.source_Storage_storage_offset",
+           "set_.source_Tensor", "set_.default"}  # a copy_ keeps its destination where it is
+
+
+def _mode() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    passed_down = _subclasses_that_dispatch_locally()
+
+    class DeviceMemory(TorchDispatchMode):
+        """Counts what every operator puts on a simulated GPU (see the module's docstring)."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if any(issubclass(t, passed_down) for t in types):
+                return NotImplemented  # DTensor runs its local operators below this mode: they are counted there
+            out = func(*args, **kwargs)
+            account(func, args, kwargs, out)
+            return out
+
+    return DeviceMemory()
+
+
+def _subclasses_that_dispatch_locally() -> tuple[type, ...]:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return ()
+    return (DTensor,)
+
+
+# ------------------------------------------------------------------------------------------------ torch.cuda's API
+
+def memory_stats(device: Any = None) -> OrderedDict[str, int]:
+    return allocator(_device(device)).memory_stats()
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _stat(key: str) -> Any:
+    def read(device: Any = None) -> int:
+        return memory_stats(device)[key]
+
+    read.__name__ = key.replace(".", "_")
+    return read
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    allocator(_device(device)).reset_peaks()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    allocator(_device(device)).reset_accumulated()
+
+
+def empty_cache() -> None:
+    for books in Books.allocators.values():
+        books.empty_cache()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes, as cudaMemGetInfo: the capacity less what the caching allocator reserved."""
+    books = allocator(_device(device))
+    return max(books.capacity - books.reserved, 0), books.capacity
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    if not isinstance(fraction, float) and not isinstance(fraction, int):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    allocator(_device(device)).fraction = float(fraction)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    return allocator(_device(device)).fraction
+
+
+def cuda_memory_functions() -> dict[str, Any]:
+    return {
+        "memory_stats": memory_stats, "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+        "memory_allocated": _stat("allocated_bytes.all.current"),
+        "max_memory_allocated": _stat("allocated_bytes.all.peak"),
+        "memory_reserved": _stat("reserved_bytes.all.current"),
+        "max_memory_reserved": _stat("reserved_bytes.all.peak"),
+        "memory_cached": _stat("reserved_bytes.all.current"),
+        "max_memory_cached": _stat("reserved_bytes.all.peak"),
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_max_memory_allocated": reset_peak_memory_stats,
+        "reset_max_memory_cached": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "empty_cache": empty_cache, "mem_get_info": mem_get_info,
+        "set_per_process_memory_fraction": set_per_process_memory_fraction,
+        "get_per_process_memory_fraction": get_per_process_memory_fraction,
+        "get_allocator_backend": lambda: "native",
+    }
+
+
+ACCELERATOR = {"memory_stats": "memory_stats", "memory_allocated": "memory_allocated",
+               "max_memory_allocated": "max_memory_allocated", "memory_reserved": "memory_reserved",
+               "max_memory_reserved": "max_memory_reserved", "reset_peak_memory_stats": "reset_peak_memory_stats",
+               "reset_accumulated_memory_stats": "reset_accumulated_memory_stats", "empty_cache": "empty_cache",
+               "get_memory_info": "mem_get_info"}
+
+
+def _follow_resize() -> None:
+    import torch
+
+    def resize(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _resized(self, "UntypedStorage.resize_")
+        return result
+
+    wrap(torch.UntypedStorage, "resize_", resize)
+
+
+def _follow_module_to() -> None:
+    import torch
+
+    def to(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        device = kwargs.get("device", args[0] if args else None)
+        if device is not None and not isinstance(device, (torch.dtype, torch.Tensor)) and is_gpu(device):
+            track(result, device)
+        return result
+
+    wrap(torch.nn.Module, "to", to)
+
+
+MEMORY_TARGETS = ("torch.cuda.memory.memory_stats", "torch.cuda.memory.memory_summary", "torch.cuda.mem_get_info",
+                  "torch.cuda.memory.is_initialized", "torch.UntypedStorage.resize_", "torch.nn.Module.to",
+                  "torch.utils._python_dispatch.TorchDispatchMode", "torch.OutOfMemoryError")
+
+
+@patch("simgpu.memory", "a simulated GPU's memory: the bytes of the tensors on it, torch.cuda's memory statistics, "
+       "its capacity and CUDA's out-of-memory error",
+       targets=MEMORY_TARGETS + tuple(f"torch.accelerator.{name}" for name in ACCELERATOR),
+       optional=tuple(f"torch.accelerator.{name}" for name in ACCELERATOR))
+def install(gpu: Any = None) -> None:
+    import torch
+    import torch.cuda.memory
+
+    reset(gpu_of(gpu))
+    functions = cuda_memory_functions()
+    cuda_memory: Any = torch.cuda.memory
+    for name, fn in functions.items():
+        setattr(torch.cuda, name, fn)
+        setattr(cuda_memory, name, fn)
+    cuda_memory.is_initialized = lambda: State.initialized  # memory_summary asks it, as imported there
+    for module in [torch.accelerator] + ([torch.accelerator.memory] if hasattr(torch.accelerator, "memory") else []):
+        for name, ours in ACCELERATOR.items():
+            if hasattr(module, name):
+                setattr(module, name, lambda device_index=None, /, fn=functions[ours]: fn(device_index))
+    _follow_resize()
+    _follow_module_to()
+    if Books.mode is None:
+        Books.mode = _mode()
+        Books.mode.__enter__()  # for the rest of this rank's life

@@ -1,0 +1,185 @@
+"""A simulated GPU's memory and NCCL's facts, checked on a simulated host (tests/test_simgpu_memory.py runs it on
+2 hosts x 2 GPUs of 64 MiB each).
+
+Each check returns a JSON-able value; the rank prints one line `RESULTS <json>` (a check that raised gives
+"error: <type>: <message>").
+"""
+
+import gc
+import json
+import os
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+MiB = 1 << 20
+CHECKS = {}
+
+
+def check(fn):
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def raises(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 -- the error is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@check
+def bound_device_and_timeouts():
+    """init_process_group(device_id=...) binds the group to the rank's GPU; torch's own code that follows from NCCL
+    being available (per-group timeouts, barrier on a device) works."""
+    from torch.distributed.distributed_c10d import _get_default_group, _set_pg_timeout
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", LOCAL_RANK))
+    _set_pg_timeout(timedelta(seconds=120))
+    group = dist.new_group([0, 1, 2, 3])
+    _set_pg_timeout(timedelta(seconds=90), group)
+    dist.barrier(device_ids=[LOCAL_RANK])
+    dist.barrier()
+    dist.barrier(group=group)
+    bound = _get_default_group().bound_device_id
+    return [str(bound), dist.is_nccl_available(), isinstance(_get_default_group(), dist.ProcessGroup)]
+
+
+@check
+def reduce_ops_as_on_nccl():
+    """Every reduce op NCCL has, on every path: torch.distributed, the functional collectives and their ops."""
+    import torch.distributed._functional_collectives as funcol
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    values = {}
+    for name in ("SUM", "AVG", "MIN", "MAX", "PRODUCT"):
+        tensor = torch.full((2,), float(rank + 1), device="cuda")
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, name))
+        values[name] = tensor.tolist()
+    premul = dist.ReduceOp.PREMUL_SUM(0.5)
+    tensor = torch.full((2,), float(rank + 1), device="cuda")
+    dist.all_reduce(tensor, op=premul)
+    values["PREMUL_SUM"] = tensor.tolist()
+    source = torch.arange(float(world * 2), device="cuda")
+    kept = source.clone()
+    out = torch.empty(2, device="cuda")
+    dist.reduce_scatter_tensor(out, source, op=dist.ReduceOp.PREMUL_SUM(0.25))
+    values["reduce_scatter_premul"] = out.tolist()
+    values["input_unchanged"] = bool(torch.equal(source, kept))
+    if hasattr(dist, "reduce_scatter_single"):
+        single = torch.empty(2, device="cuda")
+        dist.reduce_scatter_single(single, source, op=dist.ReduceOp.PREMUL_SUM(0.25))
+        values["reduce_scatter_single_premul"] = single.tolist()
+    values["functional_avg"] = funcol.all_reduce(torch.full((2,), float(rank), device="cuda"), "avg",
+                                                 dist.group.WORLD).tolist()
+    group_name = dist.group.WORLD.group_name
+    waited = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.reduce_scatter_tensor(
+        torch.ones(world * 2, device="cuda") * rank, "avg", world, group_name))
+    values["c10d_functional_reduce_scatter_avg"] = waited.tolist()
+    return values
+
+
+@check
+def allocator_arithmetic():
+    """One tensor: its bytes rounded up to 512, in a 2 MiB small-pool segment, freed to the cache, then released."""
+    torch.cuda.empty_cache()
+    base, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    x = torch.empty(1000, device="cuda")  # 4,000 bytes -> a 4,096-byte block
+    y = torch.empty(3 * MiB // 4, device="cuda")  # 3 MiB -> a 20 MiB large-pool segment
+    during = [torch.cuda.memory_allocated() - base, torch.cuda.memory_reserved() - reserved0]
+    del x, y
+    after = [torch.cuda.memory_allocated() - base, torch.cuda.memory_reserved() - reserved0,
+             torch.cuda.max_memory_allocated() - base]
+    torch.cuda.empty_cache()
+    stats = torch.cuda.memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    return {"during": during, "after": after, "emptied": torch.cuda.memory_reserved() - reserved0,
+            "keys": sorted(k for k in stats if k.startswith(("active_bytes.all", "reserved_bytes.all", "num_"))),
+            "free_plus_reserved": free + torch.cuda.memory_reserved(), "total": total,
+            "properties": [torch.cuda.get_device_properties(LOCAL_RANK).total_memory, torch.cuda.get_device_name()],
+            "summary": "PyTorch CUDA memory summary" in torch.cuda.memory_summary()}
+
+
+def _mlp(width=256, layers=4):
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+
+
+def _train(model, batch, steps=2):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # gradients stay: they count
+    return optimizer
+
+
+def _local_bytes(model):
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+               for p in model.parameters())
+
+
+@check
+def fsdp_and_tp_memory_is_parameters_gradients_and_adam_states():
+    """After training, a rank holds its shards of the parameters, their gradients and Adam's two states: 4x the
+    local parameter bytes, plus the batch, on FSDP2 over 4 ranks and on FSDP2 x TP over (2, 2)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    figures = {}
+    for name in ("fsdp", "fsdp_tp"):
+        gc.collect()  # FSDP's hooks hold a model in reference cycles: the collector frees it, as on a GPU
+        base = torch.cuda.memory_allocated()
+        model = _mlp().cuda()
+        if name == "fsdp":
+            mesh = init_device_mesh("cuda", (4,))
+            for layer in model:
+                fully_shard(layer, mesh=mesh)
+        else:
+            mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+            parallelize_module(model, mesh["tp"], {str(i): ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
+                                                   for i in range(4)})
+            for layer in model:
+                fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh if name == "fsdp" else mesh["dp"])
+        batch = torch.randn(8, 256, device="cuda")
+        optimizer = _train(model, batch)
+        figures[name] = {"measured": torch.cuda.memory_allocated() - base,
+                         "arithmetic": 4 * _local_bytes(model) + batch.numel() * 4,
+                         "peak_above": torch.cuda.max_memory_allocated() - base}
+        del model, optimizer, batch, layer  # the last layer holds the whole FSDP module through its state
+        gc.collect()
+        figures[name]["left"] = torch.cuda.memory_allocated() - base
+    return figures
+
+
+@check
+def out_of_memory_as_cuda():
+    """Past the 64 MiB capacity: torch.OutOfMemoryError with CUDA's message, counted; the memory stays usable."""
+    before = torch.cuda.memory_stats()["num_ooms"]
+    error = raises(lambda: torch.empty(100 * MiB, dtype=torch.uint8, device="cuda"))
+    model = nn.Linear(1024, 1024).cuda()
+    grown = raises(lambda: [torch.empty_like(model.weight) for _ in range(40)])  # 40 x 4 MiB, derived
+    after = torch.cuda.memory_stats()
+    return {"error": error, "derived": grown.split(".")[0], "ooms": after["num_ooms"] - before,
+            "retries": after["num_alloc_retries"] > 0, "still_usable": torch.ones(4, device="cuda").sum().item()}
+
+
+results = {}
+for name, fn in CHECKS.items():
+    try:
+        results[name] = fn()
+    except Exception as exc:  # noqa: BLE001 -- reported per check
+        results[name] = f"error: {type(exc).__name__}: {exc} {traceback.format_exc()[-900:]}"
+print("RESULTS " + json.dumps(results))
+dist.barrier()
+dist.destroy_process_group()

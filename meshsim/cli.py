@@ -429,14 +429,16 @@ def cmd_findings(args: argparse.Namespace) -> int:
     version = torch_version()
     if args.json:
         print(json.dumps([{"id": f.id, "title": f.title, "kind": f.kind, "detail": f.detail, "since": f.since,
-                           "until": f.until, "verified_on": list(f.verified_on), "applies": f.applies(version)}
+                           "until": f.until, "verified_on": list(f.verified_on), "measured": f.measured,
+                           "fixed_with": f.fixed_with, "applies": f.applies(version)}
                           for f in F.REGISTRY.values()], indent=2))
         return EXIT_OK
     out = make_console()
     for f in F.REGISTRY.values():
         applies = "applies to" if f.applies(version) else "does not apply to"
-        out.print(f"[bold magenta]{f.id}[/] ({f.kind}; {applies} torch {version}; verified on "
-                  f"{', '.join(f.verified_on)})\n  [bold]{f.title}[/]\n  {f.detail}\n", highlight=False)
+        fixed = f"; fixed {f.fixed_with}" if f.fixed_with else ""
+        out.print(f"[bold magenta]{f.id}[/] ({f.kind}; {applies} torch {version}; {f.versions_text()}{fixed})\n"
+                  f"  [bold]{f.title}[/]\n  {f.detail}\n", highlight=False)
     return EXIT_OK
 
 

@@ -65,7 +65,7 @@ def test_a_skipped_collective_is_a_hang_diagnosed_at_the_deadline_with_group_dim
 def test_an_api_meshsim_does_not_simulate_raises_naming_it():
     result = launch(os.path.join(SCRIPTS, "refused.py"), Topology(1, 2), deadline=60)
     ((ranks, title, _),) = grouped_tracebacks(result)
-    assert ranks == [0, 1] and "torch.cuda.memory_allocated" in title and "does not simulate" in title
+    assert ranks == [0, 1] and "torch.cuda.list_gpu_processes" in title and "does not simulate" in title
 
 
 def test_exit_codes_come_back_and_a_failing_rank_stops_the_others():

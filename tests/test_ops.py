@@ -107,7 +107,7 @@ class _RecordingExecutor:
 
     tier, capabilities, world, topology = "model", TIERS["model"], 2, Topology(1, 2)
 
-    def execute(self, work, meanwhile=None):
+    def execute(self, work, meanwhile=None, if_hangs=None):
         from meshsim.core.record import RankState, RunRecord
 
         if meanwhile:

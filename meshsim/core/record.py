@@ -224,8 +224,9 @@ class RunRecord:
     @property
     def still_moving(self) -> bool:
         """Every rank that had not finished when time ran out was still completing calls (meshsim.core.pace): the
-        run is too slow for its deadline, not hung."""
-        return self.timed_out and still_moving(self.states, self.ended_at)
+        run is too slow for its deadline, not hung. Ranks seen to go still (their processes used no CPU for a
+        while: meshsim.run.still) were not moving, however recent their last call."""
+        return self.timed_out and self.stopped != "still" and still_moving(self.states, self.ended_at)
 
     @property
     def died(self) -> list[int]:

@@ -470,8 +470,9 @@ def render_findings(hits: dict[str, Any], console: Console) -> None:
         finding = F.get(fid)
         where = "; ".join(hit.where[:3]) + (" …" if len(hit.where) > 3 else "")
         ranks = f" on ranks {ranks_text(sorted(hit.ranks))}" if hit.ranks else ""
+        fixed = f"; fixed {finding.fixed_with}" if finding.fixed_with else ""
         console.print(Text.assemble(("  finding ", "bold magenta"), (fid, "magenta"), f": {finding.title}",
-                                    (f"  ({where}{ranks})", "dim")))
+                                    (f"  ({where}{ranks}{fixed})", "dim")))
 
 
 def _render_paces(diagnosis: Any, console: Console) -> None:

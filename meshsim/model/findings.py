@@ -7,7 +7,17 @@ the model is a failure. A finding whose version range excludes the running torch
 
 from __future__ import annotations
 
+import functools
+import os
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MEASURED = Path(__file__).with_name("findings-measured.toml")  # written by `python bench/releases.py findings`
+# Set while that script measures where findings hold: the judge then excuses every finding on every release,
+# so that a scenario's run says whether torch still does what the finding describes, whatever its range says.
+MEASURING = "MESHSIM_MEASURE_FINDINGS"
 
 
 @dataclass(frozen=True)
@@ -18,11 +28,44 @@ class Finding:
     detail: str
     since: str  # first torch version it is known on (inclusive)
     until: str | None = None  # first version known fixed (exclusive), None when still present
-    verified_on: tuple[str, ...] = ("2.13.0",)
+    verified_on: tuple[str, ...] = ("2.13.0",)  # by hand, where no scenario measures it (see `measured`)
+    fixed_with: str | None = None  # how a release lets a program opt out of it: "in 2.15 with ..."
+    unmeasurable: str | None = None  # why no scenario can show it (it is then verified by hand)
 
     def applies(self, version: str) -> bool:
         v = _parse(version)
         return v >= _parse(self.since) and (self.until is None or v < _parse(self.until))
+
+    @property
+    def measured(self) -> dict[str, str]:
+        """Release -> what its scenario showed there (holds, fixed, differs, n/a): measured, not declared."""
+        return dict(_measurements().get(self.id, {}).get("releases", {}))
+
+    def versions_text(self) -> str:
+        """'holds on 2.9.1-2.15.0', 'holds on 2.9.1; fixed on 2.10.0-2.15.0', or the hand-verified list."""
+        runs: list[tuple[str, list[str]]] = []  # consecutive releases alike
+        for release, state in sorted(self.measured.items(), key=lambda kv: _parse(kv[0])):
+            if runs and runs[-1][0] == state:
+                runs[-1][1].append(release)
+            else:
+                runs.append((state, [release]))
+        if not runs:
+            return f"verified by hand on {', '.join(self.verified_on)}"
+        return "; ".join(f"{state} on {_span(releases)}" for state, releases in runs)
+
+
+def _span(releases: list[str]) -> str:
+    return releases[0] if len(releases) == 1 else f"{releases[0]}-{releases[-1]}" if len(releases) > 2 \
+        else ", ".join(releases)
+
+
+@functools.cache
+def _measurements() -> dict[str, dict[str, Any]]:
+    try:
+        with open(MEASURED, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
 
 
 def _parse(version: str) -> tuple[int, ...]:
@@ -51,7 +94,7 @@ REGISTRY: dict[str, Finding] = {
             "get_process_group_ranks, all_gather order and the broadcast source follow sorted rank order, not "
             "the mesh's coordinate along d (which get_coordinate() reports). DTensor shards by group rank, so "
             "rank 3 at coordinate 0 of mesh [3,2,1,0] holds chunk 3. Right: group order = mesh order.",
-            since="2.2.0",
+            since="2.2.0", fixed_with="in 2.15 with preserve_rank_order=True",
         ),
         Finding(
             "dtensor-chunk-by-group-rank",
@@ -64,7 +107,7 @@ REGISTRY: dict[str, Finding] = {
             "back [0, 0, 2]); with even shards Replicate -> Shard then full_tensor() permutes the tensor "
             "([2, 3, 0, 1]); from_local(run_check=True) broadcasts Replicate dims from the lowest rank, not "
             "coordinate 0. Right: DTensor's collectives in mesh-coordinate order. Root cause: group-rank-order.",
-            since="2.9.0",
+            since="2.9.0", fixed_with="in 2.15 with preserve_rank_order=True",
         ),
         Finding(
             "dtensor-local-not-contiguous",
@@ -247,6 +290,7 @@ REGISTRY: dict[str, Finding] = {
             "The docstring only warns that this 'may lead to hanging'. Right: every rank fails (the group "
             "rendezvous can see the ranks disagree), or every rank waits.",
             since="2.2.0",
+            unmeasurable="a hang: its report is the hang's diagnosis (inconsistent mesh), not a finding on a step",
         ),
         Finding(
             "unflatten-docstring-example", "The _unflatten docstring example does not run",
@@ -267,6 +311,7 @@ REGISTRY: dict[str, Finding] = {
             "set_device(LOCAL_RANK) instead they join no shard or replicate group. Right: LOCAL_RANK for the "
             "device, WORLD_SIZE for the groups, or init_device_mesh.",
             since="2.2.0",
+            unmeasurable="a script run under meshsim launch (meshsim examples), not a plan",
         ),
         Finding(
             "dtensor-indexed-device-type",
@@ -287,6 +332,7 @@ REGISTRY: dict[str, Finding] = {
             "real ranks answer with the index in the sorted group. On [[0,1,2,5],[4,3,6,7]] it says rank 3 has "
             "tp local rank 1 where rank 3 itself gets 0. It cannot stand in for real ranks; meshsim uses them.",
             since="2.9.0",
+            unmeasurable="LocalTensorMode against real ranks (tests/test_cluster.py), not a plan",
         ),
     )
 }
@@ -298,4 +344,4 @@ def get(finding_id: str) -> Finding:
 
 def applies(finding_id: str, version: str) -> bool:
     finding = REGISTRY.get(finding_id)
-    return finding is not None and finding.applies(version)
+    return finding is not None and (finding.applies(version) or bool(os.environ.get(MEASURING)))

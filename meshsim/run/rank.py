@@ -397,7 +397,7 @@ class RankSession:
         self.bound_waits(deadline_s)
         self.progress.in_plan = True
         if self.transports is not None:
-            self.transports.on = True  # a plan's groups: a user function's make their own
+            self.transports.begin()  # a plan's groups: a user function's make their own
         try:
             observations, end, end_step = self.interpreter.run(plan)
         finally:

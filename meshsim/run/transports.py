@@ -26,7 +26,9 @@ from typing import Any
 
 from ..core.wire import FINISHED
 
-Key = tuple[tuple[int, ...], float]  # the group's global ranks, its timeout in seconds
+# the group's global ranks, its timeout in seconds, and how many groups of those ranks the plan made before it:
+# two groups of the same members are two gloo contexts in torch (a collective on one never meets one on the other)
+Key = tuple[tuple[int, ...], float, int]
 KEEP_AT_MOST = 12  # transports per rank
 _MET = "meshsim/kept"  # the store key (under the new group's prefix) its members count themselves in at
 
@@ -40,6 +42,12 @@ class Transports:
         self.touched: set[Key] = set()  # made or reused by the running plan
         self.making: Key | None = None  # the group being made now
         self.on = False  # while a plan runs (a user function's groups are its own)
+        self.made: dict[tuple[tuple[int, ...], float], int] = {}  # groups of these members the plan has made
+
+    def begin(self) -> None:
+        """A plan starts: its groups are counted afresh (the n-th group of some members is its own transport)."""
+        self.on = True
+        self.made.clear()
 
     def report(self) -> tuple[tuple[Key, int], ...]:
         """The sequence number of every transport the plan made or reused (torch counts each collective)."""
@@ -77,9 +85,11 @@ def install(transports: Transports) -> None:
     def helper(*args: Any, **kwargs: Any) -> Any:
         if _active is None or not _active.on:
             return original(*args, **kwargs)
-        key = _key(lambda name: argument(name, args, kwargs))
-        if key is None:
+        members = _key(lambda name: argument(name, args, kwargs))
+        if members is None:
             return original(*args, **kwargs)
+        key = (*members, _active.made.get(members, 0))
+        _active.made[members] = key[2] + 1
         _active.making = key
         module.ProcessGroupGloo = kept_class  # what the helper builds gloo with, for this group alone
         try:
@@ -106,7 +116,7 @@ def _arguments(function: Any) -> Any:
     return argument
 
 
-def _key(argument: Any) -> Key | None:
+def _key(argument: Any) -> tuple[tuple[int, ...], float] | None:
     """The transport a group may share: a gloo subgroup this rank is a member of, with no options of its own."""
     import torch.distributed as dist
 

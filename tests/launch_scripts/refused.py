@@ -1,3 +1,3 @@
 import torch
 
-print(torch.cuda.memory_allocated())
+print(torch.cuda.list_gpu_processes())

@@ -116,11 +116,13 @@ def _oom(message: str, device: int, where: str) -> Exception:
 
 def _storages(tensor: Any) -> list[Any]:
     """The storages a tensor's data is in (a wrapper subclass's inner tensors'); none for meta or fake ones."""
+    import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
-        return [s for name in names for s in _storages(getattr(tensor, name))]
+        inner = [getattr(tensor, name) for name in names]  # (a subclass may name a non-tensor, as a mesh)
+        return [s for value in inner if isinstance(value, torch.Tensor) for s in _storages(value)]
     if not tensor.is_cpu:
         return []
     return [tensor.untyped_storage()]

@@ -1,7 +1,11 @@
 """meshsim's benchmarks in one run: every section next to its anchor (a baseline measured in the same run), ratios,
 goals, and the machine's load beside each figure.
 
-    python -m bench                          every section: process, thread, fake, model, launch, memory, torchtitan
+    python -m bench                          every section: process, thread, fake, model, sweep, launch, memory,
+                                             torchtitan
+    python -m bench sweep                    the property sweep at W = 8: marginal examples/s (goal >= 25/s), with
+                                             and without DTensor steps, next to the raw torch loop; seconds for a
+                                             default sweep to find and shrink each seeded bug (bench/sweep.py)
     python -m bench thread model --quick     some sections, shorter (fewer rounds, sampled ranks, fewer plans)
     python -m bench --json bench.json        also write the figures with the machine, torch's version, the commit
     python -m bench --compare old.json       and say what moved since an earlier run's JSON
@@ -29,6 +33,7 @@ import memory  # noqa: E402
 import model  # noqa: E402
 import mutants  # noqa: E402
 import process  # noqa: E402
+import sweep  # noqa: E402
 import thread  # noqa: E402
 import titan  # noqa: E402
 from figures import Figure, compare, machine, table, write  # noqa: E402
@@ -47,8 +52,8 @@ def launch(quick: bool = False) -> list[Figure]:
     return []
 
 
-SECTIONS = {"process": process.run, "thread": thread.run, "fake": fake.run, "model": model.run, "launch": launch,
-            "memory": memory.run, "torchtitan": titan.run, "mutants": mutants.run}
+SECTIONS = {"process": process.run, "thread": thread.run, "fake": fake.run, "model": model.run, "sweep": sweep.run,
+            "launch": launch, "memory": memory.run, "torchtitan": titan.run, "mutants": mutants.run}
 DEFAULT = [name for name in SECTIONS if name != "mutants"]  # an hour of sweeps: asked for by name
 
 

@@ -217,6 +217,7 @@ def finding_scenarios() -> dict[str, str]:
 
 
 def measure(python: Path, scenario: str, fid: str) -> str:
+    """holds, fixed, differs or n/a: what `scenario`'s run on this release showed of finding `fid`."""
     with tempfile.TemporaryDirectory(prefix="meshsim-finding-") as scratch:
         env = {**environment(python, scratch), MEASURING: "1"}
         code, out = _run([str(python), "-m", "meshsim", "run", "--json", str(ROOT / scenario)], 300, env, scratch)
@@ -231,20 +232,34 @@ def measure(python: Path, scenario: str, fid: str) -> str:
     return "fixed" if not run.get("differences") and run.get("outcome") == run.get("expected_outcome") else "differs"
 
 
-def run_findings(venvs: Path, releases: list[str]) -> dict[str, dict]:
-    measured: dict[str, dict] = {}
-    for fid, scenario in finding_scenarios().items():
-        if fid not in REGISTRY:
-            continue
-        states = {release: measure(python_of(venvs, release), scenario, fid) for release in releases}
-        measured[fid] = {"scenario": scenario, "releases": states}
-        print(f"{fid}: {states}", flush=True)
+def run_findings(venvs: Path, releases: list[str], jobs: int, only: set[str] | None = None) -> dict[str, dict]:
+    """Every finding's scenario on every release, `jobs` runs at a time (a run mostly waits on its ranks)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = {fid: scenario for fid, scenario in finding_scenarios().items()
+            if fid in REGISTRY and (only is None or fid in only)}
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {(fid, release): pool.submit(measure, python_of(venvs, release), scenario, fid)
+                   for fid, scenario in todo.items() for release in releases}
+        fixes = {(fid, release): pool.submit(measure, python_of(venvs, release), REGISTRY[fid].fix_scenario, fid)
+                 for fid in todo if REGISTRY[fid].fix_scenario for release in releases}
+        measured: dict[str, dict] = {}
+        for fid, scenario in todo.items():
+            states = {release: futures[fid, release].result() for release in releases}
+            measured[fid] = {"scenario": scenario, "releases": states}
+            if REGISTRY[fid].fix_scenario:  # the way out, where the release has it: fixed, else n/a
+                measured[fid]["fix_scenario"] = REGISTRY[fid].fix_scenario
+                measured[fid]["with_fix"] = {release: fixes[fid, release].result() for release in releases}
+            print(f"{fid}: {measured[fid]}", flush=True)
     return measured
 
 
 def write_findings(measured: dict[str, dict]) -> None:
+    """Store the measurement (merged over what an earlier run of other findings stored) and the docs table."""
     import tomli_w
 
+    if MEASURED.exists():
+        measured = {**tomllib.loads(MEASURED.read_text()), **measured}
     header = "# Measured by `python bench/releases.py findings --write`: where each finding's scenario shows it.\n"
     MEASURED.write_text(header + tomli_w.dumps(dict(sorted(measured.items()))))
     page = ROOT / "docs" / "findings.md"
@@ -259,6 +274,9 @@ def findings_table(measured: dict[str, dict]) -> str:
     for fid, m in sorted(measured.items()):
         lines.append(f"| `{fid}` | `{m['scenario']}` | " + " | ".join(m["releases"].get(r, "") for r in releases)
                      + " |")
+        if "with_fix" in m:  # the way out a release gives: `fixed` where it has it
+            lines.append(f"| `{fid}`, {REGISTRY[fid].fixed_with} | `{m['fix_scenario']}` | "
+                         + " | ".join(m["with_fix"].get(r, "") for r in releases) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -275,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="make the environments that are missing")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--write", action="store_true", help="findings: store the measurement and the docs table")
+    parser.add_argument("--jobs", type=int, default=2, help="findings: scenario runs at a time (default 2)")
+    parser.add_argument("--only", help="findings: these ids alone (comma-separated)")
     args = parser.parse_args(argv)
     known = [text(r) for r in KNOWN]
     releases = [{"oldest": known[0], "newest": known[-1]}.get(r.strip(), r.strip())
@@ -290,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no environment for torch {', '.join(missing)} in {venvs} (--install makes them)", file=sys.stderr)
         return 2
     if args.what == "findings":
-        measured = run_findings(venvs, releases)
+        measured = run_findings(venvs, releases, args.jobs, set(args.only.split(",")) if args.only else None)
         if args.write:
             write_findings(measured)
         return 0

@@ -8,7 +8,7 @@ meshsim.run (executors: the only code that calls torch.distributed) -> meshsim.c
 
 from .spec import Plan, PlanError, Step, Topology, step
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def __getattr__(name: str):

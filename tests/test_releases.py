@@ -143,3 +143,13 @@ def test_a_finding_a_release_lets_a_program_opt_out_of_says_how_in_the_report():
     hit = FindingHit("group-rank-order", ["step 1 dims[0].local_rank"], {0, 1})
     render_findings({"group-rank-order": hit}, console)
     assert "fixed in 2.15 with preserve_rank_order=True" in console.export_text()
+
+
+def test_the_releases_page_lists_every_rule_as_the_model_names_it():
+    import os
+
+    from meshsim.model.semantics import rules_markdown
+
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "releases.md"), encoding="utf-8").read()
+    embedded = page.split("<!-- rules:begin -->\n", 1)[1].split("\n<!-- rules:end -->", 1)[0]
+    assert embedded == rules_markdown(), "paste meshsim.model.semantics.rules_markdown() into docs/releases.md"

@@ -30,6 +30,7 @@ class Finding:
     until: str | None = None  # first version known fixed (exclusive), None when still present
     verified_on: tuple[str, ...] = ("2.13.0",)  # by hand, where no scenario measures it (see `measured`)
     fixed_with: str | None = None  # how a release lets a program opt out of it: "in 2.15 with ..."
+    fix_scenario: str | None = None  # the scenario that shows the way out (bench/releases.py measures it)
     unmeasurable: str | None = None  # why no scenario can show it (it is then verified by hand)
 
     def applies(self, version: str) -> bool:
@@ -95,6 +96,7 @@ REGISTRY: dict[str, Finding] = {
             "the mesh's coordinate along d (which get_coordinate() reports). DTensor shards by group rank, so "
             "rank 3 at coordinate 0 of mesh [3,2,1,0] holds chunk 3. Right: group order = mesh order.",
             since="2.2.0", fixed_with="in 2.15 with preserve_rank_order=True",
+            fix_scenario="scenarios/fixes/preserve-rank-order.toml",
         ),
         Finding(
             "dtensor-chunk-by-group-rank",
@@ -108,6 +110,7 @@ REGISTRY: dict[str, Finding] = {
             "([2, 3, 0, 1]); from_local(run_check=True) broadcasts Replicate dims from the lowest rank, not "
             "coordinate 0. Right: DTensor's collectives in mesh-coordinate order. Root cause: group-rank-order.",
             since="2.9.0", fixed_with="in 2.15 with preserve_rank_order=True",
+            fix_scenario="scenarios/fixes/preserve-rank-order.toml",
         ),
         Finding(
             "dtensor-local-not-contiguous",

@@ -3,8 +3,9 @@
 The model follows the release the ranks run (meshsim.spec.platform.Platform.release): an operation a release
 lacks is refused before a run ("needs torch >= 2.10; this is 2.9.1") and never drawn; a behaviour that changed
 is predicted as the running release behaves. A torch newer than any meshsim knows gets the newest semantics,
-and every report says so (meshsim.core.releases.beyond_known). Each rule's releases were measured, by running
-its scenario on each release (docs/torch-releases.md).
+and every report says so (meshsim.core.releases.beyond_known). Each rule was found by running meshsim on each
+release (drawn plans, the matrix plans and the scenarios, every difference from the model collected) and is
+checked there by `python bench/releases.py matrix` (docs/releases.md).
 
 What torch *chooses* (which placement a sharding strategy propagates) is not a rule here: the judge checks
 what torch must do, and reports a choice other than the model's as a change (meshsim.model.choices).
@@ -55,6 +56,8 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "(finding dtensor-local-not-contiguous)", since=(2, 10, 0)),
     Rule("sum-reduces-other-partials", "torch.sum reduces a Partial of another op before it sums; before, it "
          "summed the partial values (finding dtensor-sum-linear-over-other-partials)", since=(2, 10, 0)),
+    Rule("sharding-errors-unwrapped", "an exception inside a sharding strategy reaches the caller as raised; "
+         "before, as RuntimeError \"Sharding propagation failed for Op(...)\"", since=(2, 10, 0)),
     Rule("mesh-rank-keyword", "DeviceMesh(..., _rank=r) builds a mesh as rank r sees it", since=(2, 10, 0)),
     Rule("shard-to-partial", "redistribute takes Shard -> Partial(sum) (the shard, zero elsewhere); before, "
          "\"redistributing to Partial is for internal use only\"", since=(2, 14, 0)),
@@ -83,3 +86,9 @@ def needs(rule: str, on: Platform | Release) -> str | None:
     else:
         wanted = f"< {text(found.until or release)}"
     return f"needs torch {wanted}; this is {text(release)} ({found.says.split(':')[0]})"
+
+
+def rules_markdown() -> str:
+    """The rules as the table docs/releases.md embeds (a test keeps the two equal)."""
+    rows = [f"| `{r.id}` | {r.releases()} | {r.says} |" for r in RULES.values()]
+    return "\n".join(["| rule | holds on | what torch does there |", "| --- | --- | --- |", *rows])

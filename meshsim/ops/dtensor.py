@@ -651,7 +651,9 @@ class Sum:
             if ":" in dt.mesh.device:  # the strategy prices that redistribution: torch fails on every rank
                 right = _summed(run, model_redistribute(run, dt, needed, "sum"), dim)
                 right_only = dataclasses.replace(right, torch=right.right).observation(run.model.rank)
-                raise ModelRaise(Quirk(right_only, Err("RuntimeError", "device_count"), D.INDEXED_DEVICE))
+                said = "device_count" if holds("sharding-errors-unwrapped", run.model.platform) \
+                    else "Sharding propagation failed"
+                raise ModelRaise(Quirk(right_only, Err("RuntimeError", said), D.INDEXED_DEVICE))
             dt = model_redistribute(run, dt, needed, "sum")
             if not holds("sum-reduces-other-partials", run.model.platform):  # torch < 2.10 sums the partials
                 run.findings.add(SUM_OVER_PARTIALS)

@@ -57,8 +57,8 @@ class Check:
     seeded: bool = False
 
 
-def checks() -> list[Check]:
-    scenarios = sorted(glob.glob(str(ROOT / "scenarios" / "*.toml")))
+def checks(release: str = text(KNOWN[-1])) -> list[Check]:
+    scenarios = runnable_scenarios(release)
     return [
         Check("sweep", ["-m", "meshsim", "fuzz", "--hosts", "2", "--devices-per-host", "4", "--examples", "100",
                         "--seed", "1"], 0, 600),
@@ -72,6 +72,23 @@ def checks() -> list[Check]:
         Check("compat", ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_compat.py")],
               0, 600),
     ]
+
+
+def runnable_scenarios(release: str) -> list[str]:
+    """The scenarios whose steps `release` has (one that needs a newer torch exits 2 there, by design)."""
+    from meshsim.ops import validate
+    from meshsim.scenario.files import load
+    from meshsim.spec.fields import PlanError
+
+    kept = []
+    for path in sorted(glob.glob(str(ROOT / "scenarios" / "*.toml"))):
+        scenario = load(path)
+        try:
+            validate(scenario.plan, scenario.topology.world, parse(release))
+        except PlanError:
+            continue
+        kept.append(path)
+    return kept
 
 
 @dataclass
@@ -170,13 +187,15 @@ def run_matrix(venvs: Path, releases: list[str]) -> list[Result]:
     results = []
     for release in releases:
         python = python_of(venvs, release)
-        for check in checks():
+        for check in checks(release):
             with tempfile.TemporaryDirectory(prefix=f"meshsim-{release}-") as scratch:
                 env = environment(python, scratch, check.seeded)
                 started = time.monotonic()
                 code, out = _run([str(python), *check.argv], check.limit_s, env, scratch)
                 seconds = time.monotonic() - started
             ok = code == check.exit_code
+            if check.seeded and not all(r.ok for r in results if r.release == release and r.check == "sweep"):
+                ok, out = False, "the sweep fails without the bug: catching it says nothing\n" + out
             results.append(Result(release, check.name, ok, code, seconds, "" if ok else out[-1500:]))
             print(f"torch {release} {check.name}: {'ok' if ok else 'FAILED'} (exit {code}, {seconds:.0f} s)",
                   flush=True)
@@ -188,7 +207,8 @@ def print_matrix(results: list[Result]) -> None:
     from rich.table import Table
 
     names = [c.name for c in checks()]
-    table = Table(title="meshsim on each torch release (outcome, seconds)", title_justify="left")
+    table = Table(title="meshsim on each torch release (outcome, seconds; scenarios: those the release can run)",
+                  title_justify="left")
     table.add_column("torch")
     for name in names:
         table.add_column(name, justify="right")

@@ -121,7 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="meshsim", description=(
         "A simulated multi-host cluster testbed for PyTorch DeviceMesh correctness."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    _plan_commands(sub)
+    _suite_commands(sub)
+    _script_commands(sub)
+    _reference_commands(sub)
+    return parser
 
+
+def _plan_commands(sub: Any) -> None:
+    """Plans checked against the model: generated (fuzz), from scenario files (run), and the findings they name."""
     fz = sub.add_parser("fuzz", help="generated plans on a simulated HxD cluster, checked against the model")
     _topology_options(fz)
     fz.add_argument("--examples", type=_positive(int), default=200,
@@ -157,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     fi = sub.add_parser("findings", help="list the known disagreements between torch, its docs and the model")
     fi.add_argument("--json", action="store_true")
 
+
+def _suite_commands(sub: Any) -> None:
+    """The standard suites: nightly, and the DeviceMesh recipe's examples."""
     ni = sub.add_parser("nightly", help="the standard suite (passing scenarios, a seeded fuzz budget, the recipe) "
                                        "with one report; under torchrun, on the ranks torchrun started")
     _topology_options(ni)
@@ -181,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--deadline", type=_deadline, default=EXAMPLE_S,
                     help=f"seconds each example may take (default {EXAMPLE_S:g})")
 
+
+def _script_commands(sub: Any) -> None:
+    """Users' own jobs: an unmodified torchrun script (launch), a hang's Flight Recorder dumps (replay)."""
     from .launch.options import add_arguments as launch_arguments
 
     sub.add_parser("launch", add_help=False, fill=launch_arguments,  # torchrun's parser brings its -h
@@ -193,13 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(rp)
 
+
+def _reference_commands(sub: Any) -> None:
+    """What meshsim knows, without running torch: the plan language (ops), the model's prediction (explain)."""
     op = sub.add_parser("ops", help="the plan language: every operation and its fields (generated from meshsim.ops)")
     op.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/plan-language.md")
 
     ex = sub.add_parser("explain", help="what the model predicts for a scenario, rank by rank (no torch)")
     ex.add_argument("file", metavar="FILE")
     ex.add_argument("--rank", type=int, action="append", help="only these ranks (repeatable)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,3 +141,24 @@ def test_only_code_that_runs_on_the_ranks_imports_torch_distributed(module):
              "torch.distributed.elastic.rendezvous.utils")
     if not on_ranks:
         assert not [i for i in _imports(module) if i.startswith("torch.distributed") and not i.startswith(tools)]
+
+
+# The project's size rule (docs/architecture.md): a module a reader can hold, a function a reader can see whole.
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_of_meshsim_is_over_600_lines():
+    lengths = {m: len(open(path).read().splitlines()) for m, path in MODULES.items()}
+    assert {m: n for m, n in sorted(lengths.items()) if n > MAX_MODULE_LINES} == {}
+
+
+def test_no_function_of_meshsim_is_over_80_lines():
+    long = {}
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{module}:{node.lineno} {node.name}"] = lines
+    assert long == {}

@@ -153,3 +153,11 @@ def test_the_releases_page_lists_every_rule_as_the_model_names_it():
     page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "releases.md"), encoding="utf-8").read()
     embedded = page.split("<!-- rules:begin -->\n", 1)[1].split("\n<!-- rules:end -->", 1)[0]
     assert embedded == rules_markdown(), "paste meshsim.model.semantics.rules_markdown() into docs/releases.md"
+
+
+def test_a_flattened_mesh_flattened_again_is_itself_renamed_from_2_10_and_refused_before():
+    plan = Plan((step("init_device_mesh", shape=[2, 2, 2], names=["a", "b", "c"], out="m"),
+                 step("flatten", src="m", out="f"),
+                 step("flatten", src="f", name="again", out="g")))
+    assert observed(plan, OLDEST, 2).matches({"error": ["ValueError", "tuple.index(x): x not in tuple"]})
+    assert observed(plan, Platform(release=(2, 10, 0)), 2)["names"] == ["again"]

@@ -18,6 +18,16 @@ def root_mesh_dim(mesh: Any) -> int | None:
     return _mesh_resources.get_root_mesh_dim(mesh)
 
 
+def clear_sharding_decisions() -> None:
+    """Forget DTensor's memoized sharding decisions: an lru_cache with cache_clear (2.10+), or 2.9's
+    LocalLRUCache, a thread-local holder of one (`.cache`)."""
+    from torch.distributed.tensor import DTensor
+
+    cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+    clear = getattr(cached, "cache_clear", None) or cached.cache.cache_clear
+    clear()
+
+
 def clear_redistribute_plans() -> None:
     """Forget DTensor's cached redistribute plans (2.10+; 2.9 caches none)."""
     from torch.distributed.tensor import _redistribute

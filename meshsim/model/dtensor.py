@@ -18,6 +18,10 @@ collective on a flattened mesh that covers their dims (``_optimize_transform_inf
 Members that pass blocks of different sizes to one collective (from_local inferring different global shapes,
 blocks that disagree with the shape they were given) raise SizeMismatch: gloo does not check sizes, so what
 torch does there is undefined (finding ``gloo-size-mismatch-silent``).
+
+Its parts: meshsim.model.dtensor_blocks (a block and what DTensor does to one locally) and
+meshsim.model.dtensor_plan (a redistribution's moves, torch's greedy plan and its merges); this module moves the
+blocks across the mesh and holds the DTensor handles.
 """
 
 from __future__ import annotations
@@ -39,10 +43,46 @@ from ..spec.placements import (
     placement_text,
 )
 from . import layout as L
+from .dtensor_blocks import (
+    Block,
+    Blocks,
+    SizeMismatch,
+    arange_block,
+    cat,
+    chunk_bounds,
+    empty_block,
+    full_chunk,
+    is_contiguous,
+    made_contiguous,
+    narrow,
+    pad,
+    reduce_blocks,
+    scale,
+    select_chunk,
+    split_padded,
+    sum_dim,
+)
+from .dtensor_plan import (
+    COMM_KINDS,
+    MERGEABLE,
+    Move,
+    comm_kind,
+    greedy_transforms,
+    is_shard,
+    merged_moves,
+    plain_moves,
+)
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
+# What this module re-exports: the placements' vocabulary, the blocks (meshsim.model.dtensor_blocks) and the
+# redistribution's plan (meshsim.model.dtensor_plan), so that callers import every part of the DTensor model from here.
 __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
-           "placement_text"]
+           "placement_text",
+           "Block", "Blocks", "SizeMismatch", "arange_block", "cat", "chunk_bounds", "empty_block", "full_chunk",
+           "is_contiguous", "made_contiguous", "narrow", "pad", "reduce_blocks", "scale", "select_chunk",
+           "split_padded", "sum_dim",
+           "COMM_KINDS", "MERGEABLE", "Move", "comm_kind", "greedy_transforms", "is_shard", "merged_moves",
+           "plain_moves"]
 
 T = TypeVar("T")
 
@@ -57,151 +97,6 @@ CONTRADICTED = "from-group-groups-contradict-mesh"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 INDEXED_DEVICE = "dtensor-indexed-device-type"  # a mesh of device type "cpu:0": strategies that price a move fail
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"  # torch < 2.10 leaves an unpadded gather a view
-
-
-class SizeMismatch(Exception):
-    """Members of one collective pass blocks of different sizes: `sent` is each member's block, `dims` the mesh
-    dims of the collective."""
-
-    def __init__(self, dims: tuple[int, ...], sent: dict[int, tuple[int, ...]]):
-        super().__init__(f"members of a collective on mesh dims {list(dims)} pass different sizes: {sent}")
-        self.dims, self.sent = dims, sent
-
-# --------------------------------------------------------------------------------------------- placements
-
-
-def is_shard(p: Placement, dim: int | None = None) -> bool:
-    return p[0] == "S" and (dim is None or p[1] == dim)
-
-
-# --------------------------------------------------------------------------------------------- blocks
-
-
-@dataclass(frozen=True)
-class Block:
-    """A tensor: its shape, its values in row-major order, and its strides where it is a non-contiguous view
-    (torch's narrow leaves one; None: contiguous)."""
-
-    shape: tuple[int, ...]
-    values: tuple[float, ...]
-    strides: tuple[int, ...] | None = None
-
-    @property
-    def contiguous(self) -> bool:
-        return self.strides is None
-
-    def split3(self, dim: int) -> tuple[int, int, int]:
-        return math.prod(self.shape[:dim]), self.shape[dim], math.prod(self.shape[dim + 1:])
-
-
-Blocks = dict[int, "Block"]  # rank -> its block
-
-
-def arange_block(shape: tuple[int, ...], base: float = 0.0) -> Block:
-    """Values that tell every element apart: base + its row-major index."""
-    return Block(tuple(shape), tuple(base + i for i in range(math.prod(shape))))
-
-
-def empty_block() -> Block:
-    return Block((0,), ())
-
-
-def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """torch's is_contiguous: an empty tensor is; size-1 dims' strides do not count."""
-    if math.prod(shape) == 0:
-        return True
-    return all(size == 1 or st == want for size, st, want in zip(shape, strides, contiguous_strides(shape)))
-
-
-def narrow(b: Block, dim: int, start: int, length: int) -> Block:
-    """A view (torch.narrow): the strides stay those of the tensor it narrows."""
-    if length == b.shape[dim]:
-        return b
-    outer, size, inner = b.split3(dim)
-    out: list[float] = []
-    for o in range(outer):
-        base = (o * size + start) * inner
-        out.extend(b.values[base:base + length * inner])
-    shape = b.shape[:dim] + (length,) + b.shape[dim + 1:]
-    strides = b.strides or contiguous_strides(b.shape)
-    return Block(shape, tuple(out), None if is_contiguous(shape, strides) else strides)
-
-
-def made_contiguous(b: Block) -> Block:
-    return Block(b.shape, b.values) if b.strides is not None else b
-
-
-def select_chunk(b: Block, dim: int, k: int, index: int) -> Block:
-    """Shard._select_split_tensor(clone=True): a chunk, cloned (a clone of a view with gaps is contiguous)."""
-    start, length = chunk_bounds(b.shape[dim], k)[index]
-    return made_contiguous(narrow(b, dim, start, length))
-
-
-def cat(blocks: list[Block], dim: int) -> Block:
-    first = blocks[0]
-    outer = math.prod(first.shape[:dim])
-    inner = math.prod(first.shape[dim + 1:])
-    if any(b.shape[:dim] != first.shape[:dim] or b.shape[dim + 1:] != first.shape[dim + 1:] for b in blocks):
-        raise ModelRaise(Err("RuntimeError", "Sizes of tensors must match"))
-    out: list[float] = []
-    for o in range(outer):
-        for b in blocks:
-            n = b.shape[dim] * inner
-            out.extend(b.values[o * n:(o + 1) * n])
-    return Block(first.shape[:dim] + (sum(b.shape[dim] for b in blocks),) + first.shape[dim + 1:], tuple(out))
-
-
-def pad(b: Block, dim: int, n: int) -> Block:
-    """Zeros appended along dim (torch's pad_tensor)."""
-    if n <= 0:
-        return b
-    outer, _, inner = b.split3(dim)
-    return cat([b, Block(b.shape[:dim] + (n,) + b.shape[dim + 1:], (0.0,) * (outer * n * inner))], dim)
-
-
-def chunk_bounds(size: int, k: int) -> list[tuple[int, int]]:
-    """torch.chunk's (start, length) of each of k chunks, trailing chunks empty (DTensor fills them in)."""
-    full = -(-size // k) if size else 0
-    return [(min(i * full, size), max(0, min(size, i * full + full) - min(i * full, size))) for i in range(k)]
-
-
-def full_chunk(size: int, k: int) -> int:
-    return -(-size // k)
-
-
-def split_padded(b: Block, dim: int, k: int) -> tuple[list[Block], list[int]]:
-    """Shard._split_tensor(with_padding=True): the chunks, each zero-padded to the full chunk size."""
-    full = full_chunk(b.shape[dim], k)
-    chunks, pads = [], []
-    for start, length in chunk_bounds(b.shape[dim], k):
-        pads.append(full - length)
-        chunks.append(pad(narrow(b, dim, start, length), dim, full - length))
-    return chunks, pads
-
-
-def reduce_blocks(blocks: list[Block], op: str) -> Block:
-    if len({b.shape for b in blocks}) != 1:
-        raise SizeMismatch((), {i: b.shape for i, b in enumerate(blocks)})
-    columns = list(zip(*(b.values for b in blocks)))
-    if op == "sum":
-        values = tuple(math.fsum(c) for c in columns)
-    elif op == "avg":
-        values = tuple(math.fsum(c) / len(blocks) for c in columns)
-    else:
-        values = tuple((max if op == "max" else min)(c) for c in columns)
-    return Block(blocks[0].shape, values)
-
-
-def sum_dim(b: Block, dim: int) -> Block:
-    """torch.sum over one dim (an empty dim sums to zeros)."""
-    outer, size, inner = b.split3(dim)
-    values = tuple(math.fsum(b.values[(o * size + i) * inner + j] for i in range(size))
-                   for o in range(outer) for j in range(inner))
-    return Block(b.shape[:dim] + b.shape[dim + 1:], values)
-
-
-def scale(b: Block, factor: float) -> Block:
-    return Block(b.shape, tuple(v / factor for v in b.values))
 
 
 # --------------------------------------------------------------------------------------------- observations
@@ -398,111 +293,6 @@ def distribute(geo: Geometry, tensors: Mapping[int, Block], placements: list[Pla
                 new[r] = source
         locals_ = new
     return dict(locals_)
-
-
-def greedy_transforms(src: list[Placement], dst: list[Placement],
-                      mesh_shape: tuple[int, ...]) -> list[tuple[int, Placement, Placement]]:
-    """generate_greedy_transform_infos: (mesh dim, current, target) steps, nested shardings unwound first, but only
-    when the source is split in more than one piece (torch's `src_spec.num_shards > 1`: a Shard on mesh dims of
-    size 1 alone does not count, and then Partial -> Shard goes straight to a reduce_scatter)."""
-    current, out = list(src), []
-    if len(src) == 1:
-        return [(0, src[0], dst[0])] if src[0] != dst[0] else []
-    if math.prod(n for p, n in zip(src, mesh_shape) if p[0] == "S") > 1:
-        for d in reversed(range(len(current))):
-            target = dst[d]
-            if target[0] == "S":
-                before_now = [i for i in range(d) if is_shard(current[i], target[1])]
-                before_then = [i for i in range(d) if is_shard(dst[i], target[1])]
-                if before_now != before_then:
-                    target = ("R",)
-            if current[d] != target:
-                out.append((d, current[d], target))
-                current[d] = target
-    for d, target in enumerate(dst):
-        if current[d] != target:
-            out.append((d, current[d], target))
-            current[d] = target
-    return out
-
-
-@dataclass(frozen=True)
-class Move:
-    """One step of a redistribution on `dims`: one mesh dim, or several that torch merged into one collective on
-    a flattened mesh (ascending). A merge of sum and avg Partials reduces as a sum, then divides by avg_scale.
-    `logical_dim`: the mesh dim whose logical shape the collective pads to (None: dims[0])."""
-
-    dims: tuple[int, ...]
-    current: Placement
-    target: Placement
-    avg_scale: int = 1
-    logical_dim: int | None = None
-
-
-COMM_KINDS = {("P", "R"): "all_reduce", ("P", "S"): "reduce_scatter", ("S", "R"): "all_gather",
-              ("S", "S"): "all_to_all"}
-MERGEABLE = ("all_gather", "all_reduce", "reduce_scatter")  # torch leaves all_to_all unmerged
-
-
-def comm_kind(move: Move) -> str | None:
-    """The collective a move makes (None: a local step, R -> S or R -> P)."""
-    return COMM_KINDS.get((move.current[0], move.target[0])) if move.current != move.target else None
-
-
-def plain_moves(src: list[Placement], dst: list[Placement], mesh_shape: tuple[int, ...]) -> list[Move]:
-    return [Move((d,), c, t) for d, c, t in greedy_transforms(src, dst, mesh_shape)]
-
-
-def _same_collective(a: Move, b: Move) -> bool:
-    """torch's are_placements_mergeable: the same move, or sum/avg Partials reduced to the same target."""
-    if (a.current, a.target) == (b.current, b.target):
-        return True
-    return a.target == b.target and a.current[0] == b.current[0] == "P" and {a.current[1], b.current[1]} <= {
-        "sum", "avg"}
-
-
-def merged_moves(moves: list[Move], mesh_shape: tuple[int, ...], flattened: Callable[[tuple[int, ...]], bool],
-                 logical: list[tuple[int, ...]]) -> list[Move]:
-    """torch's _optimize_transform_infos: runs of consecutive collectives of one kind merged into one collective
-    on a flattened mesh of the root that covers their dims (`flattened(dims)`), without reordering. `logical`:
-    this rank's logical shape per mesh dim (a reduce_scatter merges only where it divides evenly)."""
-    out: list[Move] = []
-    i = 0
-    while i < len(moves):
-        j = i + 1
-        if comm_kind(moves[i]) in MERGEABLE:
-            while j < len(moves) and comm_kind(moves[j]) in MERGEABLE and _same_collective(moves[j], moves[i]):
-                j += 1
-        merged = _merge(moves[i:j], mesh_shape, flattened, logical)
-        out.extend([merged] if merged is not None else moves[i:j])
-        i = j
-    return out
-
-
-def _merge(run: list[Move], mesh_shape: tuple[int, ...], flattened: Callable[[tuple[int, ...]], bool],
-           logical: list[tuple[int, ...]]) -> Move | None:
-    """try_create_flattened: the one move that replaces `run`, or None where torch keeps them apart."""
-    if len(run) < 2:
-        return None
-    first, kind = run[0], comm_kind(run[0])
-    dims = tuple(m.dims[0] for m in run)
-    ascending = tuple(sorted(dims))
-    # a reduce_scatter merges in ascending dim order, an all_gather (innermost first) in descending
-    if (kind == "reduce_scatter" and dims != ascending) or (kind == "all_gather" and dims != ascending[::-1]):
-        return None
-    if not flattened(ascending):
-        return None
-    at = first.dims[0]
-    if kind in ("all_gather", "reduce_scatter"):
-        affected = first.current[1] if kind == "all_gather" else first.target[1]
-        at = max(dims, key=lambda d: logical[d][affected])  # the outermost: first of the largest, as torch's max
-        if kind == "reduce_scatter" and logical[at][affected] % math.prod(mesh_shape[d] for d in dims):
-            return None
-    current, scale = first.current, 1
-    if current[0] == "P":
-        scale = math.prod(mesh_shape[m.dims[0]] for m in run if m.current == ("P", "avg"))
-        current = ("P", "sum") if scale > 1 else current
-    return Move(ascending, current, first.target, scale if scale > 1 else 1, at)
 
 
 def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block], src: list[Placement],

@@ -2,97 +2,28 @@
 
 The emulator's *state* (which groups exist, which meshes a call returns) follows what torch's code does,
 because later steps depend on it; where torch's answer is wrong or undocumented, the *observation* carries a
-Quirk with the right value beside torch's, naming the finding (see meshsim.model.findings).
+Quirk with the right value beside torch's, naming the finding (see meshsim.model.findings). What a rank holds
+(its groups, calls and meshes) is meshsim.model.mesh_state's, re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..spec.platform import CPU, Platform
 from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
+from .mesh_state import WORLD_KEY, Call, Group, MeshModel, summary
 from .semantics import holds
+
+# What this module re-exports (meshsim.model.mesh_state's, and the platform a RankModel runs on)
+__all__ = ["WORLD_KEY", "Call", "Group", "MeshModel", "Platform", "summary"]
 
 T = TypeVar("T")
 
-WORLD_KEY = ("world",)
 FLATTEN_OUTSIDE = "flatten-outside-the-mesh-fails"
-
-
-@dataclass(frozen=True)
-class Group:
-    """A process group: `ranks` in torch's group-rank order (sorted; mesh order on a mesh built with
-    preserve_rank_order), `order` in mesh order."""
-
-    key: tuple[Any, ...]  # identity shared by every member: ("world",) or (creation counter, ranks)
-    ranks: tuple[int, ...]
-    order: tuple[int, ...]
-    desc: str = field(default="undefined", compare=False)  # torch's group_desc
-
-    def group_rank(self, rank: int) -> int:
-        return self.ranks.index(rank) if rank in self.ranks else -1
-
-
-@dataclass(frozen=True)
-class Call:
-    """A call that blocks until every member of its group reaches the same call."""
-
-    kind: str  # "create" or a collective name
-    key: tuple[Any, ...]  # group identity (+ per-group sequence number for collectives)
-    members: tuple[int, ...]
-    step: int
-    detail: tuple[Any, ...] = ()  # what must also agree (collective numel/src)
-    context: tuple[Any, ...] | None = field(default=None, compare=False)  # (mesh handle, dim) it was made along
-
-    def describe(self) -> str:
-        if self.kind == "create":
-            return f"new_group({list(self.members)}) #{self.key[0]}"
-        return f"{self.kind} on group {list(self.members)}"
-
-
-@dataclass(eq=False)
-class MeshModel:
-    layout: L.Layout
-    rank_map: tuple[int, ...]
-    names: tuple[str, ...] | None
-    root: MeshModel | None
-    rank: int
-    groups: list[Group] = field(default_factory=list)  # this rank's group per dim ([] when not a member)
-    flatten_mapping: dict[str, MeshModel] = field(default_factory=dict)
-    view: Any = None  # the `mesh` property: nested ranks, or an Err
-    coordinate: tuple[int, ...] | None = None
-    creation_quirk: Quirk | None = None  # torch built it although it should have refused
-    device: str = "cpu"
-    backend_ready: bool = True  # False: built with _init_backend=False and never given groups
-    preserve: bool = False  # preserve_rank_order (2.15): each dim's group in mesh order; derived meshes inherit it
-    platform: Platform = CPU  # the torch it lives in (what its DTensors' steps do follows its release)
-
-    @property
-    def root_mesh(self) -> MeshModel:
-        return self.root if self.root is not None else self
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return L.sizes_of(self.layout)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.layout)
-
-    def given(self, groups: list[Group]) -> MeshModel:
-        """The mesh with its dims' groups set after construction (torch sets _dim_group_names)."""
-        self.groups = list(groups)
-        self.backend_ready = True
-        return self
-
-    def same_as(self, other: MeshModel) -> bool:
-        """torch's DeviceMesh.__eq__ (and its hash key): same rank map, layout, device type and names."""
-        return (self.rank_map == other.rank_map and self.layout == other.layout and self.names == other.names
-                and self.device == other.device and self.preserve == other.preserve)
 
 
 class RankModel:
@@ -350,6 +281,8 @@ class RankModel:
         root = mesh.root_mesh
         if root.names is None:
             raise ModelRaise(Err("TypeError", "Invariant encountered"))
+        if not by_layout and any(n not in root.names for n in mesh.names):  # torch < 2.10 looks each name up
+            raise ModelRaise(Err("ValueError", "not in tuple"))  # among the root's dims: a flattened one is not
         if name in root.names:
             raise ModelRaise(Err("ValueError" if holds("flatten-clash-valueerror", self.platform) else "RuntimeError",
                                  "already exists for submesh of the"))
@@ -586,22 +519,6 @@ class RankModel:
         if isinstance(mesh.view, Err):
             raise ModelRaise(mesh.view)
         return mesh.view
-
-
-def summary(mesh: MeshModel) -> Any:
-    """What a rank observes of a mesh: shape, names, its coordinate and the mesh tensor (torch's side where torch
-    built a mesh it should have refused)."""
-    obs = {
-        "shape": list(mesh.shape),
-        "ndim": mesh.ndim,
-        "names": list(mesh.names) if mesh.names else None,
-        "coordinate": list(mesh.coordinate) if mesh.coordinate is not None else None,
-        "mesh": mesh.view,
-    }
-    if mesh.creation_quirk is not None:
-        return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
-    return obs
-
 
 def normalized_overrides(overrides: list[Any], ndim: int, names: Any) -> tuple[bool, ...]:
     """torch's _normalize_backend_override: each dim's override by name or by index (not both), and no key left

@@ -44,7 +44,8 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          since=(2, 10, 0)),
     Rule("flatten-by-layout", "_flatten reads the layout: a 1-D mesh flattened under its own name is itself, a name "
          "flattened before with another layout is refused; before, names alone decided (the first mesh of a name "
-         "came back; a 1-D mesh's own name was a clash; a rank outside the mesh failed: finding "
+         "came back; a 1-D mesh's own name was a clash; a mesh with a dim the root does not have, as a flattened "
+         "one, raised ValueError \"not in tuple\"; a rank outside the mesh failed: finding "
          "flatten-outside-the-mesh-fails)", since=(2, 10, 0)),
     Rule("distribute-partial", "distribute_tensor places a Partial (the value on one rank, zeros elsewhere); "
          "before, \"unsupported placements\"", since=(2, 10, 0)),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from ..compat.api import clear_redistribute_plans, forget_meshes
+from ..compat.api import clear_redistribute_plans, clear_sharding_decisions, forget_meshes
 from ..compat.progress import Progress
 from ..core.wire import FINISHED, RAISED, SKIPPED, StepBegun, error_value, tensor_values
 from ..ops import operation_of
@@ -32,7 +32,7 @@ def forget_dtensor_caches() -> None:
     next plan's equal mesh would get specs that hold this plan's mesh and its destroyed groups ("Could not
     resolve the process group registered under the name 1"; Megatron-LM#7029 meets the same)."""
     # (not torch.distributed.tensor.debug's helper: importing it pulls in torch._inductor, seconds per rank)
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear_sharding_decisions()
     clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if clear_native is not None:
         clear_native()

@@ -9,6 +9,7 @@ import pytest
 from helpers import alive
 
 from meshsim import cli
+from meshsim.core.outcome import UNDEFINED
 from meshsim.scenario.files import ScenarioError, judge_scenario, load
 from meshsim.spec.plan import Plan, step
 
@@ -55,7 +56,8 @@ def test_a_findings_scenario_shows_it_where_it_applies_and_runs_clean_where_the_
     wanted = set(scenario.expect.findings)
     if all(F.applies(fid, torch_version()) for fid in wanted):
         run = judge_scenario(scenario, result)
-        assert run.matched, run.problems
+        racy = getattr(result.expected, "torch", None) == UNDEFINED  # torch may hang or pass: both agree
+        assert run.matched or (racy and result.passed), run.problems
     else:  # the installed torch does what is right there: the same plan agrees with the model, finding-free
         assert result.passed and not wanted & set(result.findings), result.report()
 

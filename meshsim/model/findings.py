@@ -119,7 +119,7 @@ REGISTRY: dict[str, Finding] = {
             "distribute_tensor and (since the fix for pytorch/pytorch#173041) Shard -> Replicate make the unpadded "
             "local tensor contiguous, but Shard(a) -> Shard(b) (all_to_all) and Partial -> Shard(b) (reduce_scatter) "
             "with b > 0 and uneven sizes still unpad with narrow() and return the view: .view() on it fails. "
-            "A known class (#173041, #143748); these two paths are not named on the trackers. Before torch 2.10, "
+            "A known class (#173041, #143748); these two paths are not named on the trackers. Before torch 2.13, "
             "Shard -> Replicate (full_tensor) left the view too.",
             since="2.9.0",
         ),
@@ -142,6 +142,16 @@ REGISTRY: dict[str, Finding] = {
             "the sum of the tensor. Right: reduce that Partial first (torch 2.10 replicates it, 2.14 picks the "
             "cheapest legal placement).",
             since="2.9.0", until="2.10.0", verified_on=("2.9.1", "2.10.0"),
+        ),
+        Finding(
+            "unflatten-name-check-inverted", "_unflatten refuses every dim named by a name the mesh has",
+            "torch-wrong",
+            "DeviceMesh._unflatten(dim, sizes, names) takes its dim as an index or a name; torch 2.10 and 2.11 check "
+            "a name with `dim in mesh_dim_names` where they mean `not in`, so mesh._unflatten('tp', ...) raises "
+            "ValueError \"dim tp specified in `_unflatten` is not in ('dp', 'tp')\", and a name the mesh lacks "
+            "gets past the check to fail at tuple.index. Right: unflatten the named dim, as an index does. Fixed in "
+            "2.12.",
+            since="2.10.0", until="2.12.0", verified_on=(),
         ),
         Finding(
             "dtensor-merged-collective-on-flattened-mesh",

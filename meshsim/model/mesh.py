@@ -24,6 +24,7 @@ __all__ = ["WORLD_KEY", "Call", "Group", "MeshModel", "Platform", "summary"]
 T = TypeVar("T")
 
 FLATTEN_OUTSIDE = "flatten-outside-the-mesh-fails"
+UNFLATTEN_BY_NAME = "unflatten-name-check-inverted"
 
 
 class RankModel:
@@ -306,8 +307,14 @@ class RankModel:
         if isinstance(dim, str):
             if mesh.names is None:
                 raise ModelRaise(Err("TypeError", "Invariant encountered"))
-            if dim not in mesh.names:
-                raise ModelRaise(Err("ValueError", "specified in `_unflatten` is not in"))
+            inverted = not holds("unflatten-by-name", self.platform)
+            if dim not in mesh.names:  # (2.10 and 2.11 then fail at names.index: "x not in tuple")
+                raise ModelRaise(Err("ValueError", "not in" if inverted else "specified in `_unflatten` is not in"))
+            if inverted:  # their check refuses every name the mesh has
+                self.findings.add(UNFLATTEN_BY_NAME)
+                meant = f"the mesh with dim {dim!r} unflattened into {tuple(names)}"
+                raise ModelRaise(Quirk(meant, Err("ValueError", "specified in `_unflatten` is not in"),
+                                       UNFLATTEN_BY_NAME))
         if len(sizes) != len(names):
             raise ModelRaise(Err("RuntimeError", "mesh_dim_names must have same length as mesh_sizes"))
         index = mesh.names.index(dim) if isinstance(dim, str) else dim  # type: ignore[union-attr]
@@ -381,13 +388,25 @@ class RankModel:
             if m.rank_map != first_map:
                 raise ModelRaise(Err("RuntimeError",
                                      "Cannot concatenate DeviceMeshes derived from different device mesh"))
-        if not L.is_orthogonal(L.collapse(tuple(axes))):
-            raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
+        self._concatenation_fits(L.collapse(tuple(axes)), first_map)
         result = self.construct(tuple(axes), first_map, tuple(names), meshes[0].root_mesh, False).given(groups)
         if len(set(names)) != len(names):
             self.findings.add("concatenate-duplicate-names")
             result.creation_quirk = Quirk(Err(None, ""), None, "concatenate-duplicate-names")
         return result
+
+    def _concatenation_fits(self, flat: L.Dim, rank_map: tuple[int, ...]) -> None:
+        """torch 2.13 on refuses an interleaved concatenation (check_orthogonal); before, only one that repeats a
+        position (check_non_overlap), and the new mesh then asserts that its positions fit the rank map."""
+        if holds("concatenate-orthogonal", self.platform):
+            if not L.is_orthogonal(flat):
+                raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
+            return
+        positions = L.positions(flat)
+        if len(set(positions)) != len(positions):
+            raise ModelRaise(Err("RuntimeError", "Cannot concatenate overlapping meshes"))
+        if max(positions) >= len(rank_map):
+            raise ModelRaise(Err("AssertionError", "The rank map contains"))
 
     def from_groups(self, groups: list[Group], layout_flat: list[int] | None, shape: tuple[int, ...] | None,
                     names: list[str] | None, one_d: bool, device: str | None = None) -> MeshModel:

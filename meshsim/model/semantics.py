@@ -54,9 +54,13 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "
-         "(finding dtensor-local-not-contiguous)", since=(2, 10, 0)),
+         "(finding dtensor-local-not-contiguous)", since=(2, 13, 0)),
     Rule("sum-reduces-other-partials", "torch.sum reduces a Partial of another op before it sums; before, it "
          "summed the partial values (finding dtensor-sum-linear-over-other-partials)", since=(2, 10, 0)),
+    Rule("unflatten-by-name", "_unflatten takes its dim by name; before, 2.10 and 2.11 refused every name the mesh "
+         "has, an inverted check (finding unflatten-name-check-inverted)", since=(2, 12, 0)),
+    Rule("concatenate-orthogonal", "_concatenate refuses meshes whose dims interleave (check_orthogonal); before, "
+         "only meshes that repeat a rank, and one reaching past the rank map failed an assertion", since=(2, 13, 0)),
     Rule("sharding-errors-unwrapped", "an exception inside a sharding strategy reaches the caller as raised; "
          "before, as RuntimeError \"Sharding propagation failed for Op(...)\"", since=(2, 10, 0)),
     Rule("mesh-rank-keyword", "DeviceMesh(..., _rank=r) builds a mesh as rank r sees it", since=(2, 10, 0)),

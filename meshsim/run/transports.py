@@ -142,7 +142,7 @@ def _kept_class(base: Any) -> type:
             key = _active.making
             _active.touched.add(key)
             if getattr(self, "_meshsim_kept", False):
-                _meet(store, size)
+                _meet(store, size, ",".join(map(str, key[0])))
                 return
             super().__init__(store, rank, size, *args, **kwargs)
             self._meshsim_kept = True
@@ -151,10 +151,20 @@ def _kept_class(base: Any) -> type:
     return KeptGloo
 
 
-def _meet(store: Any, size: int) -> None:
+def _meet(store: Any, size: int, members: str) -> None:
     """Wait until every member has come to make the group, as gloo's exchange of addresses waits (a store
-    barrier under the group's own prefix: its name is new to this plan)."""
-    if store.add(_MET, 1) == size:
+    barrier under the group's own prefix: its name is new to this plan). Where another set of ranks makes a group
+    of the same name (torch names some groups alike: finding group-name-collision), gloo's exchange under that
+    name crosses the two sets and nobody connects: the members wait, as on gloo, until the deadline."""
+    arrived = store.add(_MET, 1)
+    store.set(f"{_MET}/{arrived}", members)
+    firsts = [f"{_MET}/{i}" for i in range(1, size + 1)]
+    if arrived > size:
+        store.wait([_MET + "/never"])
+    store.wait(firsts)
+    if any(store.get(key).decode() != members for key in firsts):
+        store.wait([_MET + "/never"])
+    if arrived == size:
         store.set(_MET + "/all", "1")
     store.wait([_MET + "/all"])
 

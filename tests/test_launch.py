@@ -68,6 +68,12 @@ def test_an_api_meshsim_does_not_simulate_raises_naming_it():
     assert ranks == [0, 1] and "torch.cuda.list_gpu_processes" in title and "does not simulate" in title
 
 
+def test_context_parallelism_on_simulated_gpus_refuses_in_one_line_naming_the_way_out():
+    result = launch(os.path.join(SCRIPTS, "context_parallel.py"), Topology(1, 2), deadline=60)
+    ((ranks, title, _),) = grouped_tracebacks(result)
+    assert ranks == [0, 1] and "_ContextParallel" in title and "context_parallel_degree 1" in title
+
+
 def test_exit_codes_come_back_and_a_failing_rank_stops_the_others():
     out = meshsim_launch("--nproc-per-node", "2", os.path.join(SCRIPTS, "exits.py"))
     assert out.returncode == 1 and "exit codes by rank: 0:0, 1:3" in out.stderr

@@ -120,6 +120,41 @@ def _capturable_optimizers() -> None:
         setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
 
 
+CONTEXT_PARALLEL_WHY = ("context parallelism's ring attention runs CUDA's SDPA kernels (flash, efficient, cuDNN); a "
+                        "simulated GPU computes SDPA with the CPU's kernel, which ring attention does not take, so "
+                        "each rank would attend over its own shard alone: run without it (torchtitan: "
+                        "--parallelism.context_parallel_degree 1)")
+_CONTEXT_PARALLEL = ("torch.distributed.tensor.experimental._context_parallel._attention",
+                     "torch.distributed.tensor.experimental._attention")
+
+
+def _context_parallel_refused() -> None:
+    """Context parallelism refuses in one line, where it would fail later with shapes that do not match."""
+    from .state import refusal, refused
+
+    for name in _CONTEXT_PARALLEL:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a release without it
+            continue
+        for function in ("_enable_context_parallel_dispatcher", "context_parallel"):
+            if callable(getattr(module, function, None)):
+                setattr(module, function, refused(f"{name}.{function}", CONTEXT_PARALLEL_WHY))
+        style = getattr(module, "_ContextParallel", None)
+        if isinstance(style, type) and not getattr(style, "meshsim", False):
+
+            api = f"{name}._ContextParallel"
+
+            # a subclass, so that what torchtitan reads off the class first (AttentionType) is still there
+            class Refused(style):  # type: ignore[misc,valid-type]
+                meshsim = True
+
+                def __init__(self, *args: Any, api: str = api, **kwargs: Any) -> None:
+                    raise refusal(api, CONTEXT_PARALLEL_WHY)
+
+            module._ContextParallel = Refused  # type: ignore[attr-defined]
+
+
 @patch("simgpu.parallel", "FSDP's device, DTensor's attention and shape propagation on simulated GPU meshes",
        targets=tuple(f"{module}.{name}" for module, name in FSDP_DEVICE) + (
            "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta",),
@@ -130,3 +165,4 @@ def install() -> None:
     _capturable_optimizers()
     _attention_strategies()
     _sharding_propagation_on_cpu()
+    _context_parallel_refused()

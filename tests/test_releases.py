@@ -161,3 +161,10 @@ def test_a_flattened_mesh_flattened_again_is_itself_renamed_from_2_10_and_refuse
                  step("flatten", src="f", name="again", out="g")))
     assert observed(plan, OLDEST, 2).matches({"error": ["ValueError", "tuple.index(x): x not in tuple"]})
     assert observed(plan, Platform(release=(2, 10, 0)), 2)["names"] == ["again"]
+
+
+def test_a_rank_outside_the_mesh_gets_an_empty_shard_whatever_the_shard_dim():
+    plan = Plan((step("init_device_mesh", shape=[1], out="m"),
+                 step("distribute", mesh="m", shape=[0], placements=["S(1)"], out="t")))
+    assert observed(plan, Platform(), 1, rank=3)["local_shape"] == [0]  # outside: no dim is looked at
+    assert isinstance(observed(plan, Platform(), 1, rank=0), Err)  # inside: Shard(1) of a 1-D tensor is refused

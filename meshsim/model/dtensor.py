@@ -216,17 +216,18 @@ def normalize(placements: list[Placement], ndim: int) -> list[Placement]:
     return [("S", p[1] + ndim) if p[0] == "S" and p[1] < 0 else p for p in placements]
 
 
-def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: int, mixed_refused: bool = True
-                     ) -> None:
+def check_placements(placements: list[Placement], mesh_ndim: int, tensor_ndim: int | None,
+                     mixed_refused: bool = True) -> None:
     """What distribute_tensor / from_local / redistribute refuse before any communication. `mixed_refused`: the
-    release refuses Partials of different reduce ops (meshsim.model.semantics: mixed-partials-refused)."""
+    release refuses Partials of different reduce ops (meshsim.model.semantics: mixed-partials-refused);
+    `tensor_ndim` None: the Shard dims go unchecked (a rank outside the mesh shards nothing)."""
     if len(placements) != mesh_ndim:
         raise ModelRaise(Err("ValueError", "`placements` must have the same length as `device_mesh.ndim`"))
     ops = {p[1] for p in placements if p[0] == "P"}
     if mixed_refused and len(ops) > 1 and ops != {"sum", "avg"}:  # sum and avg commute: torch allows that pair
         raise ModelRaise(Err("ValueError", "Mixed Partial reduce types are not supported"))
     for p in placements:
-        if p[0] == "S" and not 0 <= p[1] < tensor_ndim:
+        if p[0] == "S" and tensor_ndim is not None and not 0 <= p[1] < tensor_ndim:
             raise ModelRaise(Err(None, ""))
 
 

@@ -180,7 +180,9 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     shape = tuple(a["shape"])
     placements = placements_of(a, len(shape))
     src = src_data_rank(a)
-    D.check_placements(placements, mesh.ndim, len(shape), holds("mixed-partials-refused", run.model.platform))
+    # distribute_tensor gives a rank outside the mesh an empty shard before it looks at the Shard's dim
+    ndim = len(shape) if mesh.coordinate is not None else None
+    D.check_placements(placements, mesh.ndim, ndim, holds("mixed-partials-refused", run.model.platform))
     if any(p[0] == "P" for p in placements) and not holds("distribute-partial", run.model.platform):
         raise ModelRaise(Err("RuntimeError", "Trying to distribute tensor with unsupported placements"))
     _groups_needed(mesh)

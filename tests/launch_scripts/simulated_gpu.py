@@ -7,28 +7,14 @@ Each check returns a JSON-able value; the rank prints one line `RESULTS <json>` 
 import io
 import json
 import os
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from checklist import check, raises, report
 
 LOCAL_RANK = int(os.environ["LOCAL_RANK"])
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
-
-
-def raises(fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 -- the error is the answer
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
 
 
 @check
@@ -278,12 +264,4 @@ def streams_and_events():
     return [stream.is_capturing(), event.query(), torch.cuda.is_current_stream_capturing(), y.tolist()]
 
 
-results = {}
-for name, fn in CHECKS.items():
-    try:
-        results[name] = fn()
-    except Exception as exc:  # noqa: BLE001 -- reported per check
-        results[name] = f"error: {type(exc).__name__}: {exc} {traceback.format_exc()[-600:]}"
-print("RESULTS " + json.dumps(results))
-dist.barrier()
-dist.destroy_process_group()
+report(600)

@@ -6,31 +6,16 @@ Each check returns a JSON-able value; the rank prints one line `RESULTS <json>` 
 """
 
 import gc
-import json
 import os
-import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from checklist import check, raises, report
 
 LOCAL_RANK = int(os.environ["LOCAL_RANK"])
 MiB = 1 << 20
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
-
-
-def raises(fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 -- the error is the answer
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
 
 
 @check
@@ -174,12 +159,4 @@ def out_of_memory_as_cuda():
             "retries": after["num_alloc_retries"] > 0, "still_usable": torch.ones(4, device="cuda").sum().item()}
 
 
-results = {}
-for name, fn in CHECKS.items():
-    try:
-        results[name] = fn()
-    except Exception as exc:  # noqa: BLE001 -- reported per check
-        results[name] = f"error: {type(exc).__name__}: {exc} {traceback.format_exc()[-900:]}"
-print("RESULTS " + json.dumps(results))
-dist.barrier()
-dist.destroy_process_group()
+report(900)

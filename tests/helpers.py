@@ -45,3 +45,19 @@ def kill_session(proc):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def checklist_results(result) -> list[dict]:
+    """Each rank's check values from a launch of a script built on launch_scripts/checklist.py (its one RESULTS
+    line), after asserting that no check raised."""
+    import json
+
+    by_rank = []
+    for output in result.outputs:
+        (line,) = [line for line in output.splitlines() if line.startswith("RESULTS ")]
+        by_rank.append(json.loads(line[len("RESULTS "):]))
+    for rank, results in enumerate(by_rank):
+        errors = {name: value for name, value in results.items()
+                  if isinstance(value, str) and value.startswith("error:")}
+        assert not errors, (rank, errors)
+    return by_rank

@@ -32,14 +32,19 @@ def _still_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
-def test_a_process_that_waits_for_nothing_that_will_come_is_still():
-    child = _child("import os, sys; r, w = os.pipe(); print('ready', flush=True); os.read(r, 1)")
+def _goes_still_once_ready(child) -> bool:
+    """Whether `child`, once it says it is ready, is seen still within a minute; it is killed either way."""
     try:
         assert child.stdout.readline().strip() == "ready"
-        assert _still_within([child.pid], 60)
+        return _still_within([child.pid], 60)
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_that_waits_for_nothing_that_will_come_is_still():
+    child = _child("import os, sys; r, w = os.pipe(); print('ready', flush=True); os.read(r, 1)")
+    assert _goes_still_once_ready(child)
 
 
 def test_a_process_that_computes_or_sleeps_in_steps_is_never_still():
@@ -74,12 +79,7 @@ def test_a_socket_loop_that_only_ticks_does_not_keep_a_process_moving():
         print('ready', flush=True)
         os.read(r, 1)
     """)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        assert _still_within([child.pid], 60)
-    finally:
-        child.kill()
-        child.wait()
+    assert _goes_still_once_ready(child)
 
 
 def test_a_hang_the_model_predicts_ends_once_the_ranks_are_still_not_at_the_deadline(meshsim_cluster):

@@ -3,10 +3,10 @@
 One launch of tests/launch_scripts/simulated_gpu.py runs every check on every rank; each test reads its part.
 """
 
-import json
 import os
 
 import pytest
+from helpers import checklist_results
 
 from meshsim import Topology
 from meshsim.launch.launcher import launch
@@ -19,15 +19,7 @@ ORDINAL = "AcceleratorError: CUDA error: invalid device ordinal (device 2; this 
 def checks():
     result = launch(os.path.join(SCRIPTS, "simulated_gpu.py"), Topology(2, 2), deadline=240)
     assert result.passed, result.report()
-    by_rank = []
-    for output in result.outputs:
-        (line,) = [line for line in output.splitlines() if line.startswith("RESULTS ")]
-        by_rank.append(json.loads(line[len("RESULTS "):]))
-    for rank, results in enumerate(by_rank):
-        errors = {name: value for name, value in results.items() if isinstance(value, str)
-                  and value.startswith("error:")}
-        assert not errors, (rank, errors)
-    return by_rank
+    return checklist_results(result)
 
 
 def test_cuda_initializes_lazily_and_device_mesh_sets_each_ranks_local_gpu(checks):

@@ -4,10 +4,10 @@ CUDA's caching allocator answers, and CUDA's out-of-memory error past its capaci
 One launch of tests/launch_scripts/simulated_memory.py on 2 hosts x 2 GPUs of 64 MiB; each test reads its part.
 """
 
-import json
 import os
 
 import pytest
+from helpers import checklist_results
 
 from meshsim import Topology
 from meshsim.compat.simgpu.allocator import Allocator, OutOfMemory
@@ -23,15 +23,7 @@ MiB = 1 << 20
 def checks():
     result = launch(os.path.join(SCRIPTS, "simulated_memory.py"), Topology(2, 2), deadline=240, gpu=str(64 * MiB))
     assert result.passed, result.report()
-    by_rank = []
-    for output in result.outputs:
-        (line,) = [line for line in output.splitlines() if line.startswith("RESULTS ")]
-        by_rank.append(json.loads(line[len("RESULTS "):]))
-    for rank, results in enumerate(by_rank):
-        errors = {name: value for name, value in results.items()
-                  if isinstance(value, str) and value.startswith("error:")}
-        assert not errors, (rank, errors)
-    return by_rank
+    return checklist_results(result)
 
 
 def test_fsdp_and_fsdp_tp_training_holds_parameters_gradients_and_two_adam_states_on_each_rank(checks):

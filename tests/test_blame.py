@@ -9,16 +9,16 @@ from meshsim.core.wire import FINISHED, STUCK, CallBegun, CallReturned
 from meshsim.judge.blame import blame
 
 
-def _rank(rank: int, calls: list[tuple[str, tuple[int, ...], str, str]], held: bool = True,
-          created_as: dict[str, str] | None = None) -> RankState:
-    """A rank that made `calls` (group, members, line, kind) in order; the last one it is still in if `held`."""
+def _rank(rank: int, calls: list[tuple], held: bool = True, created_as: dict[str, str] | None = None) -> RankState:
+    """A rank that made `calls` (group, members, line, kind[, root]) in order; the last one it is still in if
+    `held`."""
     state = RankState(rank, step=0, op="script")
     state.created_as = dict(created_as or {})
     seqs: dict[str, int] = {}
-    for index, (group, members, site, kind) in enumerate(calls):
+    for index, (group, members, site, kind, *root) in enumerate(calls):
         seq = seqs.get(group, 0)
         seqs[group] = seq + 1
-        state.on_event(CallBegun(kind, members, group, seq, None, site))
+        state.on_event(CallBegun(kind, members, group, seq, None, site, None, *root))
         if index < len(calls) - 1 or not held:
             state.on_event(CallReturned(time=float(index)))
     state.end = STUCK if held else FINISHED
@@ -113,3 +113,41 @@ def test_a_rank_that_finished_counts_as_moving_and_one_that_completed_almost_not
     barely = RankState(1, end=STUCK, completed=1, done_times=[99.9])
     assert pace.of_states([finished], 100.0)[0].moving and not pace.of_states([barely], 100.0)[0].moving
     assert not pace.still_moving([finished, barely], 100.0)
+
+
+def _pair_pipelines(wrong: int) -> list[RankState]:
+    """Two 4-stage pipelines (0-3, 4-7) passing activations by broadcasts on pair groups ("p<a>" is (a, a + 1)),
+    then a world all_reduce; rank `wrong` (a middle stage) first receives from its next stage, as its source."""
+    world = ("w", tuple(range(8)), "a.py:30", "all_reduce")
+    states: list[RankState] = []
+    for r in range(8):
+        stage = r % 4
+        if r == wrong:
+            calls = [(f"p{r}", (r, r + 1), "a.py:18", "broadcast", r + 1)]
+        elif r == wrong + 1:
+            calls = [(f"p{r - 1}", (r - 1, r), "a.py:20", "broadcast", r - 1)]
+        elif r == wrong - 1:
+            calls = [(f"p{r - 1}", (r - 1, r), "a.py:20", "broadcast", r - 1), (f"p{r}", (r, r + 1), "a.py:23",
+                                                                                "broadcast", r)]
+        else:
+            calls = ([(f"p{r - 1}", (r - 1, r), "a.py:20", "broadcast", r - 1)] if stage else []) + \
+                    ([(f"p{r}", (r, r + 1), "a.py:23", "broadcast", r)] if stage < 3 else []) + [world]
+        states.append(_rank(r, calls))
+    return states
+
+
+def test_a_pipeline_stage_that_calls_on_another_pair_than_its_image_departs_not_the_ranks_it_holds_up():
+    # each rank has one image (the other pipeline's same stage): the side whose call never completed departs
+    found = blame(_record(_pair_pipelines(wrong=6)))
+    assert (found.culprits, found.kind) == ([6], KINDS["mismatched"]), found.causes
+    assert "image" in found.causes[0].text and found.causes[0].group == "p6"
+    assert set(found.victims) == {0, 1, 2, 3, 4, 5, 7}
+
+
+def test_positions_in_records_that_lost_their_first_calls_say_nothing_about_images():
+    from meshsim.judge.blame.images import image_causes
+
+    states = _pair_pipelines(wrong=2)
+    for s in states:  # a ring buffer kept the last calls only: every rank's first call is gone
+        s.issued = [(g, q + 1) for g, q in s.issued]
+    assert image_causes(states) == {}

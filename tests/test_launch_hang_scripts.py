@@ -53,6 +53,9 @@ CASES = [
     ("wrong_dim_3d", (2, 4), [5], MISMATCHED, "tp"),
     ("broadcast_pipeline_cycle", (2, 4), [4], REORDERED, None),
     ("slow_loop", (2, 4), [], TOO_SLOW, None),
+    # the whole program through the cluster's symmetries: a rank that leaves a loop early, a pipeline's wrong stage
+    ("early_stop_local_metric", (2, 4), [6], SKIPPED, "tp"),
+    ("pair_broadcast_wrong_source", (2, 4), [6], MISMATCHED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),

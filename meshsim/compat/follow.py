@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ..core.wire import MeshBuilt
+from ..core.wire import ROOTED, MeshBuilt
 from . import patching as _patching
 from . import progress as _progress
 from .patching import arguments, patch, wrap
@@ -367,7 +367,8 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
         context = None
         if name in SENDS or name in RECVS:
             ranks, group_name, context = _channel(name, signature, args, kwargs, group, ranks, group_name, progress)
-        key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args), context)
+        root = _root(name, signature, args, kwargs, group) if name in ROOTED and not progress.in_plan else None
+        key = progress.call(name, ranks, group_name, None if progress.in_plan else tensor_sizes(args), context, root)
         result = _call_inside(progress, original, args, kwargs)
         handed = name in ("isend", "irecv") or (async_at is not None and bool(
             kwargs.get("async_op", args[async_at] if len(args) > async_at else False)))
@@ -378,6 +379,22 @@ def _wrap_collective(name: str, original: Callable, describe: Callable) -> Calla
         return result
 
     return wrapper
+
+
+def _root(name: str, signature: inspect.Signature, args: tuple, kwargs: dict, group: Any) -> int | None:
+    """A rooted collective's root as a global rank (its group_src/group_dst translated); None where torch will
+    refuse the call anyway."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        arg = ROOTED[name]
+        root = bound.get(arg)
+        if root is None and bound.get(f"group_{arg}") is not None:
+            root = c10d.get_global_rank(group or c10d._get_default_group(), bound[f"group_{arg}"])
+        return None if root is None else int(root)
+    except Exception:
+        return None
 
 
 def _channel(name: str, signature: inspect.Signature, args: tuple, kwargs: dict, group: Any, ranks: tuple[int, ...],

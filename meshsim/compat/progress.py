@@ -58,14 +58,14 @@ class Progress:
             self._send(event)
 
     def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
-             context: tuple | None = None) -> tuple[str, int]:
+             context: tuple | None = None, root: int | None = None) -> tuple[str, int]:
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
         # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
         # the members' call sequences of a group by it, to tell a skipped call from a late one).
         site = None if self.in_plan else user_site()
         context = context or self.context or self.mesh_dims.get(group)
-        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes))
+        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes, root))
         return group, n
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:

@@ -48,6 +48,8 @@ class RankState:
     call_log: dict[tuple[str, int], tuple[Site, str]] = field(default_factory=dict)  # (group, seq) -> (site, kind)
     issued: list[tuple[str, int]] = field(default_factory=list)  # (group, seq) of every collective, in issue order
     sizes: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the tensors it passed
+    group_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> its members, as called
+    roots: dict[tuple[str, int], int] = field(default_factory=dict)  # (group, seq) -> a rooted collective's root
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
@@ -101,6 +103,9 @@ class RankState:
             self.call_log[(event.group, event.seq)] = (event.site if event.site is not None else self.step,
                                                        event.kind)
             self.issued.append((event.group, event.seq))
+            self.group_ranks[event.group] = tuple(event.ranks)
+            if event.root is not None:
+                self.roots[(event.group, event.seq)] = event.root
             if event.sizes is not None:
                 self.sizes[(event.group, event.seq)] = event.sizes
 

@@ -79,6 +79,9 @@ def is_error(value: Any) -> bool:
 # with whatever the group's other members did (a pipeline's stages each talk to their neighbours only).
 SENDS = ("send", "isend", "send_object_list")
 RECVS = ("recv", "irecv", "recv_object_list")
+# collectives with one root rank: its argument's name (SPMD code names the same root on every member)
+ROOTED = {"broadcast": "src", "broadcast_object_list": "src", "scatter": "src", "scatter_object_list": "src",
+          "reduce": "dst", "gather": "dst", "gather_object": "dst"}
 POINT_TO_POINT = (*SENDS, *RECVS)
 
 
@@ -168,6 +171,7 @@ class CallBegun(NamedTuple):
     context: tuple[Any, ...] | None  # (mesh handle or label, dim[, group coordinate]) when known
     site: str | int | None = None  # where in the user's code ("train.py:42"), or a plan's step; None: unknown
     sizes: str | None = None  # the tensors it passed, "float32[4]" (user code; a plan's are the model's to know)
+    root: int | None = None  # a rooted collective's root, a global rank (broadcast's src, reduce's dst; user code)
 
 
 class CallReturned(NamedTuple):

@@ -14,7 +14,9 @@ Culprits follow from the record (meshsim.core.record), not from who happens to b
 - ranks held in a call at a line that more members finished the script without ever reaching added it;
 - a rank that finished without a call its part's other finished ranks made, while a partner has not got there
   yet, is a second culprit (the hang behind the first);
-- a group created under different names on different ranks: the ranks with the earlier name skipped a new_group.
+- a group created under different names on different ranks: the ranks with the earlier name skipped a new_group;
+- over all of that, the whole program through the cluster's symmetries (meshsim.judge.blame.images): a rank whose
+  sequence of calls departs from its images' (the ranks a mesh shift or a rank shift maps it to) is the culprit.
 Sequences are compared by each call's site (a plan's step, a line of the user's code) and kind, so the answer
 does not depend on timing, and the same hang gives the same culprits on every run. Where a group's members
 split into camps of equal size, the sites tell who skipped (its next call is the others' current one), then the

@@ -11,6 +11,7 @@ from ...core.record import RankState
 from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
 from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
 from .cycles import cycle_causes
+from .images import image_causes
 from .parts import Reference, StateOrder
 from .siblings import added_alone, by_siblings, ended_without, on_another_group
 
@@ -47,6 +48,9 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes.update(_skipped_behind(states, order, causes))
         causes.update(_skipped_ahead(states, order, held, causes))
     on_another_group(states, ref, held, causes)
+    departing = image_causes(states)  # the whole program, through the cluster's symmetries, over one group's view
+    if departing and set(departing) != {r for r, c in causes.items() if not c.candidate}:
+        causes = departing
     return _blamed(states, held, causes, unseen)
 
 

@@ -1,0 +1,343 @@
+"""Images: the one program every rank runs, seen through the cluster's symmetries.
+
+A symmetry is a renumbering of the ranks that maps every group the run called on onto a group it called on: a
+shift of a mesh's coordinates (each tp group onto the next host's, each dp pair onto its neighbour), a shift of
+every rank by a host's worth, an exchange of halves. SPMD code run on rank r makes, call for call, what it makes on
+r's image, with every group renamed by the symmetry. So each rank's calls, in the order it made them, are compared
+with its images': the first position where the two differ is where one of them departs from the program.
+
+- A renumbering under which more than half of the ranks differ is not the program's (a shift along a pipeline).
+- A rank that differs from most of its images, at least two, departs (a rank that left a loop early, the rank
+  that called on the wrong pair, each host's local rank 0 adding a call): whichever side waits.
+- Where a rank has one image only (two pipelines, two hosts), the side whose call at the first difference never
+  completed departs, where its image's call completed with its partners: the completed call is what the program
+  makes there.
+- Anything else (both sides held, no symmetry, groups whose members the record does not know): this rule says
+  nothing, and the group-by-group rules decide.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from ...core.outcome import KINDS
+from ...core.ranks import group_text, ranks_text
+from ...core.record import RankState
+from ...core.wire import FINISHED
+from .calls import Cause, blocked_call, site_text
+
+MAX_RANKS = 256  # beyond this the record's hangs are a plan tier's, and its groups' own rules are enough
+MAX_WORK = 4_000_000  # calls compared in all, at most: a bound on the time this rule may take
+
+Element = tuple[str, Any]  # a group: ("group", its members) or ("channel", (src, dst))
+Call = tuple[str, Element, Any]  # (the call's kind, its group, its root where it has one: a global rank)
+
+
+def image_causes(states: list[RankState]) -> dict[int, Cause]:
+    """The ranks whose calls depart from their images', each with what it did; {} where the images cannot say."""
+    world = len(states)
+    groups = _groups(states)
+    if not 2 <= world <= MAX_RANKS or groups is None or not all(_whole(s) for s in states):
+        return {}
+    traces = [[(s.call_log[(g, q)][1], groups[g], s.roots.get((g, q))) for g, q in s.issued] for s in states]
+    longest = max((len(t) for t in traces), default=0)
+    budget = max(1, MAX_WORK // max(1, world * max(1, longest)))
+    symmetries = list(itertools.islice(_symmetries(states, set(groups.values()), world), budget))
+    if not symmetries:
+        return {}
+    differences = _differences(states, traces, symmetries)
+    if not differences:
+        return {}
+    departing = _by_majority(differences) or _by_completion(states, differences)
+    if not departing:
+        return {}
+    return {r: _cause(states, traces, r, differences[r]) for r in sorted(departing)}
+
+
+def _groups(states: list[RankState]) -> dict[str, Element] | None:
+    """Every called group's identity, as a symmetry sees it: its members (a point-to-point channel: its ends, in
+    order). None where a called group's members are not known (a replay of dumps that name none)."""
+    known: dict[str, tuple[int, ...]] = {}
+    for s in states:
+        known.update(s.created)
+        known.update(s.group_ranks)
+    out: dict[str, Element] = {}
+    for s in states:
+        for group in s.calls_on:
+            if group in out:
+                continue
+            _, arrow, ends = group.rpartition(":")
+            src, _, dst = ends.partition("->")
+            if arrow and src.isdigit() and dst.isdigit():
+                out[group] = ("channel", (int(src), int(dst)))
+            elif known.get(group):
+                out[group] = ("group", frozenset(known[group]))
+            else:
+                return None
+    return out
+
+
+def _whole(state: RankState) -> bool:
+    """Whether the record holds every call the rank made (a Flight Recorder's ring buffer keeps the last ones:
+    positions in two ranks' sequences then say nothing)."""
+    seen: dict[str, int] = {}
+    for group, seq in state.issued:
+        if seq != seen.get(group, 0):
+            return False
+        seen[group] = seq + 1
+    return True
+
+
+def _moved(group: Element, perm: tuple[int, ...]) -> Element:
+    """A group renamed by a symmetry."""
+    kind, ranks = group
+    if kind == "channel":
+        return (kind, (perm[ranks[0]], perm[ranks[1]]))
+    return (kind, frozenset(perm[r] for r in ranks))
+
+
+def _mapped(call: Call, perm: tuple[int, ...]) -> Call:
+    """A call renamed by a symmetry: the same kind, on the group's image."""
+    return (call[0], _moved(call[1], perm), None if call[2] is None else perm[call[2]])
+
+
+def _symmetries(states: list[RankState], called: set[Element], world: int) -> Iterator[tuple[int, ...]]:
+    """Renumberings that map every called group onto a called group: mesh coordinate shifts first (the meshes the
+    ranks built), then shifts of every rank."""
+    seen: set[tuple[int, ...]] = {tuple(range(world))}
+    plain = [g for g in called if g[0] == "group"]
+    for perm in itertools.chain(_mesh_shifts(states, world), _rank_shifts(world)):
+        if perm not in seen:
+            seen.add(perm)
+            if all(_moved(g, perm) in called for g in plain):
+                yield perm
+
+
+def _mesh_shifts(states: list[RankState], world: int) -> Iterator[tuple[int, ...]]:
+    meshes = {(tuple(shape), tuple(ranks)) for s in states for _, shape, _, ranks in s.meshes}
+    for shape, ranks in sorted(meshes):
+        if not shape or len(ranks) != _product(shape) or any(r >= world for r in ranks):
+            continue
+        coords = list(itertools.product(*(range(n) for n in shape)))
+        index = {c: i for i, c in enumerate(coords)}
+        for offset in coords[1:]:
+            perm = list(range(world))
+            for i, c in enumerate(coords):
+                moved = tuple((a + b) % n for a, b, n in zip(c, offset, shape))
+                perm[ranks[i]] = ranks[index[moved]]
+            yield tuple(perm)
+
+
+def _rank_shifts(world: int) -> Iterator[tuple[int, ...]]:
+    """Every rank moved on by k (a host's worth, a pipeline's): a shift keeps the direction a pipeline's stages
+    pass things in, where a reflection (an exchange of ranks) would not."""
+    for k in range(1, world):
+        yield tuple((r + k) % world for r in range(world))
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+class Difference:
+    """Rank r against its image under one symmetry: where their calls first differ (None: they agree)."""
+
+    def __init__(self, image: int, perm: tuple[int, ...], at: int | None):
+        self.image, self.perm, self.at = image, perm, at
+
+
+def _differences(states: list[RankState], traces: list[list[Call]],
+                 symmetries: list[tuple[int, ...]]) -> dict[int, list[Difference]]:
+    """Every rank against each of its images; {} where no two ranks differ at all. A renumbering under which more
+    than half of the ranks differ from their images maps the groups but not the program (a shift along a pipeline
+    dim takes the last stage to the first): it is left out."""
+    out: dict[int, list[Difference]] = {}
+    any_differ = False
+    for perm in symmetries:
+        found = [Difference(perm[r], perm, _first_difference(states, trace, traces[perm[r]], perm, r, perm[r]))
+                 for r, trace in enumerate(traces) if perm[r] != r]
+        differing = sum(d.at is not None for d in found)
+        if 2 * differing > len(traces):
+            continue
+        for d in found:
+            out.setdefault(_inverse(perm)[d.image], []).append(d)
+        any_differ = any_differ or differing > 0
+    return out if any_differ else {}
+
+
+def _first_difference(states: list[RankState], mine: list[Call], theirs: list[Call], perm: tuple[int, ...],
+                      r: int, image: int) -> int | None:
+    """The first position where rank r's calls, renamed by perm, differ from its image's; where one is a prefix of
+    the other, the end of the shorter if that rank finished (it left without the call), else None (behind)."""
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if _mapped(a, perm) != b:
+            return i
+    shorter = min(len(mine), len(theirs))
+    if len(mine) != len(theirs):
+        short_one = r if len(mine) < len(theirs) else image
+        if states[short_one].end == FINISHED:
+            return shorter
+    return None
+
+
+def _by_majority(differences: dict[int, list[Difference]]) -> set[int]:
+    """Ranks that differ from most of their images (two at least), where every pair that differs holds one."""
+    departing = set()
+    for r, diffs in differences.items():
+        differ = sum(d.at is not None for d in diffs)
+        if differ >= 2 and differ > len(diffs) - differ:
+            departing.add(r)
+    pairs = [(r, d.image) for r, diffs in differences.items() for d in diffs if d.at is not None]
+    if not departing or any(r not in departing and image not in departing for r, image in pairs):
+        return set()
+    if 2 * len(departing) >= len(differences):
+        return set()
+    return departing
+
+
+def _by_completion(states: list[RankState], differences: dict[int, list[Difference]]) -> set[int]:
+    """For every pair that differs: the side whose call at the first difference never completed, where its image's
+    did. Every pair must say, and no rank may be on both sides."""
+    departing: set[int] = set()
+    kept: set[int] = set()
+    for r, diffs in differences.items():
+        for d in diffs:
+            if d.at is None:
+                continue
+            mine, theirs = _completed(states[r], d.at), _completed(states[d.image], d.at)
+            if mine == theirs:
+                return set()
+            departing.add(d.image if mine else r)
+            kept.add(r if mine else d.image)
+    return set() if departing & kept or 2 * len(departing) >= len(states) else departing
+
+
+def _completed(state: RankState, at: int) -> bool:
+    """Whether the rank's call at that position of its sequence completed (a rank that finished made no call
+    there: its program ended, which completes nothing)."""
+    if at >= len(state.issued):
+        return False
+    key = state.issued[at]
+    call = blocked_call(state)
+    return not (call is not None and (call.group, call.seq) == key) and key not in state.in_flight
+
+
+def _cause(states: list[RankState], traces: list[list[Call]], r: int, diffs: list[Difference]) -> Cause:
+    """What rank r did where it departs, against its images' call there, in words; the cause names the call its
+    peers wait in for it (the one it skipped, or made on another group), or the call it added."""
+    differing = [d for d in diffs if d.at is not None]
+    at = Counter(d.at for d in differing if d.at is not None).most_common(1)[0][0]
+    d = next(d for d in differing if d.at == at)
+    images = sorted({d.image for d in differing if d.at == at})
+    several = len(images) > 1
+    theirs = (f"rank{'s' if several else ''} {ranks_text(images)} (its image{'s' if several else ''} under the "
+              f"cluster's symmetries, which run{'' if several else 's'} its part of the program)")
+    make = "make" if several else "makes"
+    usual, wanted = _usual(states, traces, d, at)
+    expected = _named(states, r, wanted[1] if wanted is not None else None)
+    state = states[r]
+    if at >= len(state.issued):
+        go = "go" if several else "goes"
+        return Cause(r, KINDS["left"], f"rank {r} finished after {at} calls, where {theirs} {go} on to {usual}",
+                     expected, state.calls_on.get(expected, 0) if expected else None)
+    group, seq = state.issued[at]
+    site, kind = state.call_log[(group, seq)]
+    made = f"{kind} #{seq} on group {group_text(_ranks(traces[r][at]))} at {site_text(site)}"
+    how, added = _how(states, traces, r, d, at)
+    if not added and expected is not None:
+        group, seq = expected, state.calls_on.get(expected, 0)
+    return Cause(r, how[0], f"rank {r} made {made} as its call {at + 1}, where {theirs} {make} {usual}{how[1]}",
+                 group, seq)
+
+
+def _usual(states: list[RankState], traces: list[list[Call]], d: Difference, at: int
+           ) -> tuple[str, Call | None]:
+    """The image's call at that position in words, and the call renamed back into the departing rank's frame."""
+    image = states[d.image]
+    if at >= len(image.issued):
+        return "none (it finished)", None
+    group, seq = image.issued[at]
+    site, kind = image.call_log[(group, seq)]
+    back = _mapped(traces[d.image][at], _inverse(d.perm))
+    theirs, mine = group_text(_ranks(traces[d.image][at])), group_text(_ranks(back))
+    here = f" (group {mine} for this rank)" if mine != theirs else ""
+    return f"{kind} #{seq} on group {theirs}{here} at {site_text(site)}", back
+
+
+def _named(states: list[RankState], r: int, element: Element | None) -> str | None:
+    """The name of rank r's group (or channel) that is `element`."""
+    if element is None:
+        return None
+    for s in (states[r], *states):
+        for group, ranks in (*s.group_ranks.items(), *s.created.items()):
+            if element == ("group", frozenset(ranks)) or element == ("channel", _ends(group)):
+                return group
+    return None
+
+
+def _ends(group: str) -> tuple[int, int] | None:
+    _, arrow, ends = group.rpartition(":")
+    src, _, dst = ends.partition("->")
+    return (int(src), int(dst)) if arrow and src.isdigit() and dst.isdigit() else None
+
+
+def _how(states: list[RankState], traces: list[list[Call]], r: int, d: Difference, at: int
+         ) -> tuple[tuple[str, str], bool]:
+    """The kind of departure, in words, and whether rank r added its call (else it skipped the images' call, or made
+    it on another group, or made another): its next call is the images' call here (added), its call here is their
+    next (skipped), where the two calls stand in the program (a later line of the file, a later plan step: skipped),
+    the same call at the same place on another group, else which of them it made more often than its images."""
+    mine = [_mapped(e, d.perm) for e in traces[r]]
+    theirs = traces[d.image]
+    if at + 1 < len(mine) and mine[at + 1] == theirs[at]:
+        return (KINDS["mismatched"], ": it added a call the program does not make there"), True
+    if at + 1 < len(theirs) and mine[at] == theirs[at + 1]:
+        return (KINDS["skipped"], ": it skipped that call (its call here is the one they make next)"), False
+    later = _later(_site(states[r], at), _site(states[d.image], at))
+    if later is None and _kind(states[r], at) == _kind(states[d.image], at):
+        return (KINDS["mismatched"], ": the same call on another group than its images'"), False
+    if later is None:
+        later = _count(mine[: at + 1], mine[at]) <= _count(theirs[: at + 1], mine[at])
+    if later:
+        return (KINDS["skipped"], ": it went on to a call the program makes later, without the one here"), False
+    return (KINDS["mismatched"], ": it added a call the program does not make there"), True
+
+
+def _kind(state: RankState, at: int) -> str | None:
+    return state.call_log[state.issued[at]][1] if at < len(state.issued) else None
+
+
+def _site(state: RankState, at: int) -> Any:
+    return state.call_log[state.issued[at]][0] if at < len(state.issued) else None
+
+
+def _later(mine: Any, theirs: Any) -> bool | None:
+    """Whether `mine` stands after `theirs` in the program: a later line of the same file, a later plan step."""
+    if isinstance(mine, int) and isinstance(theirs, int):
+        return None if mine == theirs else mine > theirs
+    if isinstance(mine, str) and isinstance(theirs, str):
+        (file_a, _, line_a), (file_b, _, line_b) = mine.rpartition(":"), theirs.rpartition(":")
+        if file_a == file_b and line_a.isdigit() and line_b.isdigit() and line_a != line_b:
+            return int(line_a) > int(line_b)
+    return None
+
+
+def _count(trace: list[Call], call: Call) -> int:
+    return sum(1 for c in trace if c == call)
+
+
+def _ranks(call: Call) -> list[int]:
+    return sorted(call[1][1])
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    out = [0] * len(perm)
+    for i, p in enumerate(perm):
+        out[p] = i
+    return tuple(out)

@@ -1,6 +1,7 @@
 """DTensor checked rank by rank: the model's sharding rules against torch's own, and plans on a running cluster."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -275,3 +276,62 @@ def test_from_local_of_a_permuted_meshs_dtensor_carries_torchs_blocks_to_the_new
     # rank 0 sits at coordinate 1 of [1, 0]: it should hold element 2 of rank 1's tensor (8192 + 2); torch scattered
     # it chunk 0 of its own (group rank 0's) tensor and cut it to [4096]
     assert isinstance(seen, Quirk) and seen.right["values"] == [8194] and seen.torch["values"] == [4096]
+
+
+MERGED_GATHER = """format = 2
+name = "merged-gather"
+deadline = 20.0
+[topology]
+hosts = 2
+devices_per_host = 2
+[[step]]
+op = "init_device_mesh"
+shape = [2, 2]
+names = ["dp", "tp"]
+out = "m"
+[[step]]
+op = "flatten"
+src = "m"
+out = "f"
+[[step]]
+op = "distribute"
+mesh = "m"
+shape = [8]
+placements = ["S(0)", "S(0)"]
+out = "t"
+[[step]]
+op = "full_tensor"
+tensor = "t"
+"""
+
+
+def test_a_redistribute_that_issues_other_collectives_than_torch_s_plan_fails_on_the_process_tier(tmp_path):
+    """A seeded bug that leaves every value right: torch's merge of two all_gathers onto the flattened mesh is
+    switched off, so full_tensor gathers twice. The process tier counts the collectives a step issues."""
+    import subprocess
+    import sys
+
+    import torch.distributed.tensor._redistribute as redistribute
+
+    from meshsim.core.releases import installed
+    from meshsim.model.semantics import holds
+
+    if not holds("redistribute-comms", installed()):
+        pytest.skip("the model counts a redistribute's collectives from torch 2.11")
+    source = open(redistribute.__file__, encoding="utf-8").read()
+    call = "optimized_transform_infos = _optimize_transform_infos("
+    assert call in source
+    (tmp_path / "_redistribute.py").write_text(source.replace(call, "optimized_transform_infos = (lambda i, *_: i)("))
+    (tmp_path / "merged.toml").write_text(MERGED_GATHER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    site = os.path.join(root, "bench", "mutant_site")
+    runs = {}
+    for seeded in (False, True):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, root, os.environ.get("PYTHONPATH", "")]))
+        if seeded:
+            env.update(MESHSIM_MUTANT_MODULE="torch.distributed.tensor._redistribute",
+                       MESHSIM_MUTANT_FILE=str(tmp_path / "_redistribute.py"))
+        runs[seeded] = subprocess.run([sys.executable, "-m", "meshsim", "run", str(tmp_path / "merged.toml")],
+                                      capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert runs[False].returncode == 0, runs[False].stdout[-2000:]
+    assert runs[True].returncode != 0 and "comms.all_gather_into_tensor" in runs[True].stdout, runs[True].stdout[-3000:]

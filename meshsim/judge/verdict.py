@@ -312,6 +312,8 @@ def compare_run(plan: Plan, prediction: Prediction, record: RunRecord, version: 
             continue
         for index, observed in enumerate(state.observations):
             expected = prediction.expected(state.rank, index)
+            if isinstance(observed, dict) and "comms" not in observed:  # the process tier's record counts them
+                observed = with_comms(observed, issued_comms(record, plan, state, index, version))
             if isinstance(observed, dict) and "comms" in observed:  # the fake tier counted a DTensor step's
                 expected = with_comms(expected, predicted_comms(prediction, state.rank, index))
             for kind, path, exp, obs, finding in compare(expected, observed, "", version):
@@ -347,8 +349,53 @@ def predicted_comms(prediction: Prediction, rank: int, step: int) -> dict[str, i
     return dict(sorted(found.items()))
 
 
-def with_comms(expected: Any, comms: dict[str, int]) -> Any:
-    """An expected DTensor observation with the collectives it should have issued."""
+# The collectives a rank's record names (meshsim.compat.follow: functional collectives by their Python names, which
+# vary by release; c10d's by theirs), by the op names torch's CommDebugMode counts
+COMM_OPS = {"all_gather_single": "all_gather_into_tensor", "all_gather_tensor": "all_gather_into_tensor",
+            "all_gather_tensor_autograd": "all_gather_into_tensor", "all_gather_into_tensor": "all_gather_into_tensor",
+            "reduce_scatter_single": "reduce_scatter_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
+            "reduce_scatter_tensor_autograd": "reduce_scatter_tensor", "all_reduce": "all_reduce",
+            "all_to_all_single": "all_to_all_single", "all_to_all_single_autograd": "all_to_all_single",
+            "broadcast": "broadcast_", "scatter": "scatter_"}
+# DTensor steps whose collectives the record counts: distribute_tensor's scatter and broadcast go through names
+# DTensor bound at import, which no follower sees
+COUNTED_STEPS = ("redistribute", "full_tensor")
+
+
+def issued_comms(record: RunRecord, plan: Plan, state: RankState, index: int, version: str
+                 ) -> dict[str, int] | None:
+    """The collectives a rank's DTensor step issued, as the process tier's record shows them (every call a rank
+    makes is followed), by CommDebugMode's names; None where the record cannot say: another tier, NCCL (whose
+    DTensor takes other paths than the CPU group's the model knows), a release whose counts the model does not
+    know (semantics rule redistribute-comms), a step that is not counted, or a call of another name."""
+    if record.tier != "process" or record.backend != "gloo" or index >= len(plan.steps) or \
+            plan.steps[index].op not in COUNTED_STEPS or not _counts_known(version):
+        return None
+    found: dict[str, int] = {}
+    for site, kind in state.call_log.values():
+        if site == index:
+            if kind not in COMM_OPS:
+                return None
+            found[COMM_OPS[kind]] = found.get(COMM_OPS[kind], 0) + 1
+    return dict(sorted(found.items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _counts_known(version: str) -> bool:
+    from ..core.releases import parse
+    from ..model.semantics import holds
+
+    try:
+        return holds("redistribute-comms", parse(version))
+    except ValueError:
+        return False
+
+
+def with_comms(expected: Any, comms: dict[str, int] | None) -> Any:
+    """An expected DTensor observation with the collectives it should have issued (an observation with those it
+    issued)."""
+    if comms is None:
+        return expected
     if isinstance(expected, Quirk):
         return Quirk(with_comms(expected.right, comms), with_comms(expected.torch, comms), expected.finding)
     if isinstance(expected, dict) and not is_error(expected):

@@ -100,19 +100,20 @@ class RankModel:
             if names and index >= len(names):
                 raise ModelRaise(Err("IndexError", "tuple index out of range"))
             found.append(self._init_one_group(dim, rank_map, f"mesh_{names[index] if names else f'dim_{index}'}",
-                                              index < len(forced) and forced[index], preserve))
+                                              index < len(forced) and forced[index], preserve, len(layout) == 1))
         present = [g for g in found if g is not None]
         if present and len(present) != len(found):
             raise ModelRaise(Err("AssertionError", ""))
         return present
 
     def _init_one_group(self, dim: L.Dim, rank_map: tuple[int, ...], desc: str, forced: bool = False,
-                        preserve: bool = False) -> Group | None:
+                        preserve: bool = False, one_dim: bool = True) -> Group | None:
         """DeviceMesh._init_one_process_group: every rank calls new_group for every group along the dim, in
         mesh order; it keeps the one it is in. Only the calls that matter to this rank are walked (its own
         groups, and the first invalid group, where new_group raises); the others only advance the counter."""
         info = self.dim_info(dim, rank_map)
-        if info.spans_world and not forced and not (preserve and info.order(0) != self.world_group.ranks):
+        reuses = one_dim or holds("world-dim-default-group", self.platform)
+        if info.spans_world and not forced and reuses and not (preserve and info.order(0) != self.world_group.ranks):
             # A dim spanning the world reuses the default group (whatever order the mesh gives it, unless the
             # mesh preserves its order).
             return Group(WORLD_KEY, self.world_group.ranks, info.order(0), self.world_group.desc)
@@ -530,8 +531,18 @@ class RankModel:
     def size(self, mesh: MeshModel, dim: int | str | None) -> int:
         if dim is None:
             return math.prod(mesh.shape)
+        n = len(mesh.shape)
+        if not holds("size-from-layout", self.platform):  # the mesh tensor's size
+            if isinstance(dim, str):
+                raise ModelRaise(Err("RuntimeError", f"Name '{dim}' not found in Tensor[{', '.join(['None'] * n)}]."))
+            if isinstance(dim, int) and not -n <= dim < n:
+                raise ModelRaise(Err("IndexError", f"Dimension out of range (expected to be in range of [{-n}, "
+                                     f"{n - 1}], but got {dim})"))
         if isinstance(dim, str):
             raise ModelRaise(Err("TypeError", "tuple indices must be integers or slices, not str"))
+        if isinstance(dim, int) and not -n <= dim < n and not holds("flat-layout", self.platform):
+            raise ModelRaise(Err("IndexError", f"Dim {dim} is out of range for layout with {n} dimensions. Expected "
+                                 f"dim to be in range [{-n}, {n - 1}]."))
         return L.size_of(_index(mesh.layout, dim, "tuple index out of range"))
 
     def mesh_view(self, mesh: MeshModel) -> Any:

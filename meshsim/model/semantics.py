@@ -38,6 +38,12 @@ class Rule:
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("mesh-layout", "DeviceMesh rests on _MeshLayout: _unflatten, _concatenate, _get_all_submeshes and the "
          "layout algebra exist", since=(2, 10, 0)),
+    Rule("world-dim-default-group", "every mesh dim that spans the world uses the default group; before, only a "
+         "1-D mesh's did (a world-wide dim of a mesh with more dims, [8, 1], got a group of its own)",
+         since=(2, 10, 0)),
+    Rule("size-from-layout", "DeviceMesh.size(dim) reads the layout (flat-layout says what a dim out of range "
+         "raises; a name: TypeError); before, the mesh tensor's size: IndexError \"Dimension out of range ...\", a "
+         "name RuntimeError \"Name ... not found\"", since=(2, 10, 0)),
     Rule("slice-overlap-error", "slicing a dim twice raises RuntimeError \"Slicing overlapping dim_names\"; "
          "before, KeyError \"Invalid mesh_dim_names\"", since=(2, 10, 0)),
     Rule("flatten-clash-valueerror", "flattening under a root dim's name raises ValueError; before, RuntimeError",
@@ -51,6 +57,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "before, \"unsupported placements\"", since=(2, 10, 0)),
     Rule("redistribute-keeps-partial", "redistribute to a Partial a dim already has is legal; before, any Partial "
          "target raised \"Can not redistribute to Partial\"", since=(2, 10, 0)),
+    Rule("redistribute-comms", "a redistribute issues one collective per transform of torch's greedy plan "
+         "(generate_greedy_transform_infos, runs merged onto a flattened mesh), as the model counts them; before, "
+         "other counts (a full_tensor of two shards of one tensor dim gathered twice): the process tier counts a "
+         "step's collectives where this holds", since=(2, 11, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "
@@ -59,6 +69,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "summed the partial values (finding dtensor-sum-linear-over-other-partials)", since=(2, 10, 0)),
     Rule("unflatten-by-name", "_unflatten takes its dim by name; before, 2.10 and 2.11 refused every name the mesh "
          "has, an inverted check (finding unflatten-name-check-inverted)", since=(2, 12, 0)),
+    Rule("flat-layout", "_FlatLayout, the layout of one mesh dim (canonical modes, complement, orthogonality), "
+         "exists, and a _MeshLayout is a tuple of them (DeviceMesh.size of a dim out of range: IndexError \"tuple "
+         "index out of range\"); before, _MeshLayout alone (\"Dim 2 is out of range for layout with 2 "
+         "dimensions...\")", since=(2, 13, 0)),
     Rule("concatenate-orthogonal", "_concatenate refuses meshes whose dims interleave (check_orthogonal); before, "
          "only meshes that repeat a rank, and one reaching past the rank map failed an assertion", since=(2, 13, 0)),
     Rule("sharding-errors-unwrapped", "an exception inside a sharding strategy reaches the caller as raised; "

@@ -22,7 +22,7 @@ def _tuple(value: Any) -> Any:
 @operation("layout", "query",
            {"sizes": F.LAYOUT_SIZES, "strides": F.LAYOUT_STRIDES, "what": F.LAYOUT_QUERY, "world": F.WORLD,
             "by_sizes": F.LAYOUT_SIZES, "by_strides": F.LAYOUT_STRIDES, "ranks": F.RANK_MAP},
-           required=("sizes", "what"), weight=1, needs="mesh-layout")
+           required=("sizes", "what"), weight=1, needs="flat-layout")
 class Layout:
     """torch's layout algebra under DeviceMesh: the _FlatLayout of `sizes` and `strides` (nested; default
     row-major) asked for its canonical sizes_and_strides, all_ranks_from_zero, complement(world),

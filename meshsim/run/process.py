@@ -208,7 +208,7 @@ class ProcessExecutor(Pooled):
             for worker in generation.workers:
                 states[worker.rank].output = worker.new_output() + worker.new_errors()
         return RunRecord(self.world, deadline, states, time.monotonic() - started, bool(stuck), tier=self.tier,
-                         stopped=stopped, ended_at=time.time())
+                         stopped=stopped, ended_at=time.time(), backend=self.backend)
 
     def _after_run(self, generation: Generation, record: RunRecord) -> None:
         """Destroy what the run made, on every rank, before the next (a script's ranks are done for good); the

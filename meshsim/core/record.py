@@ -225,7 +225,9 @@ class RunRecord:
     # calls the record cannot show, in words ("": it shows them all): gloo's Flight Recorder records no send or
     # recv, so a replayed rank in no recorded call may wait in one rather than stall
     unseen: str = ""
-    backend: str = "gloo"  # the process group backend the ranks ran on (NCCL's DTensor issues other collectives)
+    # the process group backend the ranks ran on, where the executor follows every call they make (the process
+    # tier; NCCL's DTensor issues other collectives than gloo's); None: the record does not say
+    backend: str | None = None
 
     @property
     def still_moving(self) -> bool:

@@ -39,6 +39,8 @@ Call = tuple[str, Element, Any]  # (the call's kind, its group, its root where i
 
 def image_causes(states: list[RankState]) -> dict[int, Cause]:
     """The ranks whose calls depart from their images', each with what it did; {} where the images cannot say."""
+    if not isinstance(states, list):  # a model's rank classes: a class's state stands for ranks with other groups
+        return {}
     world = len(states)
     groups = _groups(states)
     if not 2 <= world <= MAX_RANKS or groups is None or not all(_whole(s) for s in states):

@@ -130,11 +130,13 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
 def _device_mesh_edges(shape: list[int]) -> list[Step]:
     """DeviceMesh's requests at their edges, most of them refused: a dim left out, names that do not exist, slicing
     out of order, unflatten sizes that do not multiply, flatten onto a taken name, from_group without what n
-    groups need, backend_override keys that are not dims, a root dim asked of a 2-D mesh."""
+    groups need, backend_override keys that are not dims, a root dim asked of a 2-D mesh; the descriptions its
+    groups carry (named, unnamed, flattened: what Flight Recorder dumps and their analyzers read)."""
     a, b = shape
     return [step("init_device_mesh", shape=shape, names=["a", "b"], out="m"),
             step("query", mesh="m", what="get_group"), step("query", mesh="m", what="get_local_rank"),
             step("query", mesh="m", what="root_mesh_dim"), step("slice", src="m", names=["b", "a"], out="x1"),
+            step("query", mesh="m", what="group_desc", dim="a"), step("query", mesh="m", what="group_desc", dim="b"),
             step("slice", src="m", names="nope", out="x2"), step("slice", src="m", names=["a", "a"], out="x3"),
             step("unflatten", src="m", dim="b", sizes=[b + 1], names=["u"], out="x4"),
             step("unflatten", src="m", dim=2, sizes=[b], names=["u"], out="x5"),
@@ -147,13 +149,14 @@ def _device_mesh_edges(shape: list[int]) -> list[Step]:
             step("init_device_mesh", shape=[a * b], names=["w", "w"], out="x11"),
             step("init_device_mesh", shape=shape, names=["w"], out="x13"),
             step("init_device_mesh", shape=shape, out="unnamed"), step("slice", src="unnamed", names="a", out="x12"),
+            step("query", mesh="unnamed", what="group_desc", dim=1),
             step("slice", src="m", names="a", out="sa"), step("slice", src="m", names="b", out="sb"),
             step("concatenate", srcs=["sb", "sa"], out="x14"), step("concatenate", srcs=["sa", "sa"], out="x15"),
             step("init_device_mesh", shape=shape, names=["c", "d"], out="n"),
             step("slice", src="n", names="d", out="nd"),
             step("concatenate", srcs=["sa", "nd"], out="x16"),
             step("flatten", src="m", name="ab", out="f"), step("slice", src="sb", names="ab", out="x17"),
-            step("query", mesh="sa", what="get_group", dim="ab"),
+            step("query", mesh="sa", what="get_group", dim="ab"), step("query", mesh="f", what="group_desc", dim=0),
             step("unflatten", src="f", dim=0, sizes=[a, b], names=["p", "q"], backend_override=[[0, "gloo"]],
                  out="u"), step("check", mesh="u"),
             step("mesh", layout=list(range(a * b)), init_backend=False, out="nb"),

@@ -11,8 +11,8 @@ with its images': the first position where the two differ is where one of them d
 - A rank that differs from most of its images, at least two, departs (a rank that left a loop early, the rank
   that called on the wrong pair, each host's local rank 0 adding a call): whichever side waits.
 - Where a rank has one image only (two pipelines, two hosts), the side whose call at the first difference never
-  completed departs, where its image's call completed with its partners: the completed call is what the program
-  makes there.
+  completed, or completed with partners that named another root (gloo lets such a broadcast through), departs,
+  where its image's call completed with its partners as one call: that is what the program makes there.
 - Anything else (both sides held, no symmetry, groups whose members the record does not know): this rule says
   nothing, and the group-by-group rules decide.
 """
@@ -205,20 +205,31 @@ def _by_majority(differences: dict[int, list[Difference]]) -> set[int]:
 
 
 def _by_completion(states: list[RankState], differences: dict[int, list[Difference]]) -> set[int]:
-    """For every pair that differs: the side whose call at the first difference never completed, where its image's
-    did. Every pair must say, and no rank may be on both sides."""
+    """For every pair that differs: the side whose call at the first difference never completed soundly (_sound),
+    where its image's did. Every pair must say, and no rank may be on both sides."""
     departing: set[int] = set()
     kept: set[int] = set()
     for r, diffs in differences.items():
         for d in diffs:
             if d.at is None:
                 continue
-            mine, theirs = _completed(states[r], d.at), _completed(states[d.image], d.at)
+            mine, theirs = _sound(states, r, d.at), _sound(states, d.image, d.at)
             if mine == theirs:
                 return set()
             departing.add(d.image if mine else r)
             kept.add(r if mine else d.image)
     return set() if departing & kept or 2 * len(departing) >= len(states) else departing
+
+
+def _sound(states: list[RankState], r: int, at: int) -> bool:
+    """Whether rank r's call at that position completed as one call of its group: every member that made that call
+    made the same kind with the same root (gloo completes a broadcast whose members name different roots, each
+    sending: a call that completed that way is no evidence of the program)."""
+    if not _completed(states[r], at):
+        return False
+    key = states[r].issued[at]
+    mine = (states[r].call_log[key][1], states[r].roots.get(key))
+    return all((s.call_log[key][1], s.roots.get(key)) == mine for s in states if key in s.call_log)
 
 
 def _completed(state: RankState, at: int) -> bool:

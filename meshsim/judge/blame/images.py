@@ -34,7 +34,7 @@ MAX_RANKS = 256  # beyond this the record's hangs are a plan tier's, and its gro
 MAX_WORK = 4_000_000  # calls compared in all, at most: a bound on the time this rule may take
 
 Element = tuple[str, Any]  # a group: ("group", its members) or ("channel", (src, dst))
-Call = tuple[str, Element, Any]  # (the call's kind, its group, its root where it has one: a global rank)
+Call = tuple[str, Element, Any]  # (the call's kind, its group, its root's place among the members, if it has one)
 
 
 def image_causes(states: list[RankState]) -> dict[int, Cause]:
@@ -45,7 +45,8 @@ def image_causes(states: list[RankState]) -> dict[int, Cause]:
     groups = _groups(states)
     if not 2 <= world <= MAX_RANKS or groups is None or not all(_whole(s) for s in states):
         return {}
-    traces = [[(s.call_log[(g, q)][1], groups[g], s.roots.get((g, q))) for g, q in s.issued] for s in states]
+    traces = [[(s.call_log[(g, q)][1], groups[g], _root_at(groups[g], s.roots.get((g, q)))) for g, q in s.issued]
+              for s in states]
     longest = max((len(t) for t in traces), default=0)
     budget = max(1, MAX_WORK // max(1, world * max(1, longest)))
     symmetries = list(itertools.islice(_symmetries(states, set(groups.values()), world), budget))
@@ -94,6 +95,14 @@ def _whole(state: RankState) -> bool:
     return True
 
 
+def _root_at(group: Element, root: int | None) -> int | None:
+    """A root by its place among its group's members, in order: SPMD code names the group's first member (group
+    rank 0, the coordinate 0 of a dim), which a shift of coordinates does not keep as a global rank."""
+    if root is None or group[0] != "group" or root not in group[1]:
+        return root
+    return sorted(group[1]).index(root)
+
+
 def _moved(group: Element, perm: tuple[int, ...]) -> Element:
     """A group renamed by a symmetry."""
     kind, ranks = group
@@ -104,7 +113,7 @@ def _moved(group: Element, perm: tuple[int, ...]) -> Element:
 
 def _mapped(call: Call, perm: tuple[int, ...]) -> Call:
     """A call renamed by a symmetry: the same kind, on the group's image."""
-    return (call[0], _moved(call[1], perm), None if call[2] is None else perm[call[2]])
+    return (call[0], _moved(call[1], perm), call[2])
 
 
 def _symmetries(states: list[RankState], called: set[Element], world: int) -> Iterator[tuple[int, ...]]:

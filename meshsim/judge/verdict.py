@@ -312,10 +312,13 @@ def compare_run(plan: Plan, prediction: Prediction, record: RunRecord, version: 
             continue
         for index, observed in enumerate(state.observations):
             expected = prediction.expected(state.rank, index)
-            if isinstance(observed, dict) and "comms" not in observed:  # the process tier's record counts them
-                observed = with_comms(observed, issued_comms(record, plan, state, index, version))
             if isinstance(observed, dict) and "comms" in observed:  # the fake tier counted a DTensor step's
                 expected = with_comms(expected, predicted_comms(prediction, state.rank, index))
+            elif isinstance(observed, dict) and (issued := issued_comms(record, plan, state, index, version)):
+                # the process tier's record counts the calls it saw: each kind it saw, against the model's count
+                predicted = predicted_comms(prediction, state.rank, index)
+                observed = with_comms(observed, issued)
+                expected = with_comms(expected, {k: n for k, n in predicted.items() if k in issued})
             for kind, path, exp, obs, finding in compare(expected, observed, "", version):
                 if kind == "diff" and racy_from is not None and index >= racy_from:
                     if prediction.undefined_finding is None:
@@ -367,7 +370,7 @@ def issued_comms(record: RunRecord, plan: Plan, state: RankState, index: int, ve
     """The collectives a rank's DTensor step issued, as the process tier's record shows them (every call a rank
     makes is followed), by CommDebugMode's names; None where the record cannot say: another tier, NCCL (whose
     DTensor takes other paths than the CPU group's the model knows), a release whose counts the model does not
-    know (semantics rule redistribute-comms), a step that is not counted, or a call of another name."""
+    know (semantics rule redistribute-comms), a step that is not counted, a call of another name, or none at all."""
     if record.tier != "process" or record.backend != "gloo" or index >= len(plan.steps) or \
             plan.steps[index].op not in COUNTED_STEPS or not _counts_known(version):
         return None
@@ -377,7 +380,9 @@ def issued_comms(record: RunRecord, plan: Plan, state: RankState, index: int, ve
             if kind not in COMM_OPS:
                 return None
             found[COMM_OPS[kind]] = found.get(COMM_OPS[kind], 0) + 1
-    return dict(sorted(found.items()))
+    # torch may also call a collective by a name no follower sees (an uneven Shard -> Shard on a size-1 dim issues
+    # one the record does not show): the kinds seen are compared, and a step with none is not
+    return dict(sorted(found.items())) if found else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -151,3 +151,18 @@ def test_positions_in_records_that_lost_their_first_calls_say_nothing_about_imag
     for s in states:  # a ring buffer kept the last calls only: every rank's first call is gone
         s.issued = [(g, q + 1) for g, q in s.issued]
     assert image_causes(states) == {}
+
+
+def test_a_send_recv_pipeline_stage_that_names_the_wrong_peer_departs_not_the_stage_that_sent_to_it():
+    # two 2-stage pipelines (0-1, 2-3) on the world's channels; the last stage sends the loss back to the first;
+    # rank 2 receives it from rank 1 (a local index taken for a global rank); then dp all_reduces {0, 2}, {1, 3}
+    world = tuple(range(4))
+    states = [_rank(0, [("w:0->1", (0, 1), "a.py:5", "send"), ("w:1->0", (0, 1), "a.py:9", "recv"),
+                        ("d0", (0, 2), "a.py:12", "all_reduce")]),
+              _rank(1, [("w:0->1", (0, 1), "a.py:4", "recv"), ("w:1->0", (0, 1), "a.py:8", "send"),
+                        ("d1", (1, 3), "a.py:12", "all_reduce")]),
+              _rank(2, [("w:2->3", (2, 3), "a.py:5", "send"), ("w:1->2", (1, 2), "a.py:9", "recv")]),
+              _rank(3, [("w:2->3", (2, 3), "a.py:4", "recv"), ("w:3->2", (2, 3), "a.py:8", "send")])]
+    assert world
+    found = blame(_record(states))
+    assert found.culprits == [2], found.causes

@@ -6,8 +6,9 @@ every rank by a host's worth, an exchange of halves. SPMD code run on rank r mak
 r's image, with every group renamed by the symmetry. So each rank's calls, in the order it made them, are compared
 with its images': the first position where the two differ is where one of them departs from the program.
 
-- A renumbering under which more than a quarter of the ranks differ is not the program's (a shift along a
-  pipeline, or of a world of send/recv pairs: one culprit makes two ranks differ under the program's own).
+- A renumbering under which more than a quarter of the ranks (and more than two) differ is not the program's (a
+  shift along a pipeline, or of a world of send/recv pairs: one culprit makes two ranks differ under the
+  program's own).
 - A rank that differs from most of its images, at least two, departs (a rank that left a loop early, the rank
   that called on the wrong pair, each host's local rank 0 adding a call): whichever side waits.
 - Where a rank has one image only (two pipelines, two hosts), the side whose call at the first difference never
@@ -27,7 +28,7 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import FINISHED
+from ...core.wire import FINISHED, POINT_TO_POINT
 from .calls import Cause, blocked_call, site_text
 
 MAX_RANKS = 256  # beyond this the record's hangs are a plan tier's, and its groups' own rules are enough
@@ -167,15 +168,15 @@ class Difference:
 def _differences(states: list[RankState], traces: list[list[Call]],
                  symmetries: list[tuple[int, ...]]) -> dict[int, list[Difference]]:
     """Every rank against each of its images; {} where no two ranks differ at all. A renumbering under which more
-    than a quarter of the ranks differ from their images maps the groups but not the program (a shift along a
-    pipeline dim takes the last stage to the first): it is left out."""
+    than a quarter of the ranks (and more than two) differ from their images maps the groups but not the program
+    (a shift along a pipeline dim takes the last stage to the first): it is left out."""
     out: dict[int, list[Difference]] = {}
     any_differ = False
     for perm in symmetries:
         found = [Difference(perm[r], perm, _first_difference(states, trace, traces[perm[r]], perm, r, perm[r]))
                  for r, trace in enumerate(traces) if perm[r] != r]
         differing = sum(d.at is not None for d in found)
-        if 4 * differing > len(traces):
+        if differing > max(2, len(traces) // 4):  # (one culprit and its preimage: two)
             continue
         for d in found:
             out.setdefault(_inverse(perm)[d.image], []).append(d)
@@ -237,6 +238,8 @@ def _sound(states: list[RankState], r: int, at: int) -> bool:
     if not _completed(states[r], at):
         return False
     key = states[r].issued[at]
+    if states[r].call_log[key][1] in POINT_TO_POINT:  # a channel's send and recv: each end its own kind
+        return True
     mine = (states[r].call_log[key][1], states[r].roots.get(key))
     return all((s.call_log[key][1], s.roots.get(key)) == mine for s in states if key in s.call_log)
 

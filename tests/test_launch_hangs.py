@@ -57,13 +57,18 @@ def test_a_hang_leaves_its_picture_in_the_log_dir(tmp_path):
     assert "<svg" in svg and "host" in html and "skipped collective" in html and "culprit ranks" in html
 
 
+# rank 1 lingers a second before it says it finished: rank 0 has by then long entered the call it waits in
 LEAVES_EARLY = """
+import time
+
 import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
 if dist.get_rank() == 0:
     dist.all_reduce(torch.ones(2))
+else:
+    time.sleep(1)
 print("finished", dist.get_rank(), flush=True)
 """
 

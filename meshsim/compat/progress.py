@@ -128,14 +128,14 @@ def _error_of(future: Any) -> str | None:
 def _plumbing() -> tuple[tuple[str, ...], str]:
     """Where code that is not the user's lives: torch, meshsim (but for its example scripts), the standard library
     and the packages that carry functions to the ranks."""
+    import importlib.util
     import sysconfig
 
-    import dill
-    import multiprocess
-    import torch
-
+    # found, not imported: this runs inside a rank's first collective, and importing multiprocess there took seconds
+    # on a loaded machine, long enough for a Ctrl-C to find the rank "outside any collective"
+    specs = [importlib.util.find_spec(name) for name in ("torch", "dill", "multiprocess")]
     meshsim_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dirs = [os.path.dirname(str(m.__file__)) for m in (torch, dill, multiprocess)]
+    dirs = [os.path.dirname(str(spec.origin)) for spec in specs if spec is not None and spec.origin]
     dirs += [meshsim_dir, sysconfig.get_paths()["stdlib"]]
     return tuple(d + os.sep for d in dirs), os.path.join(meshsim_dir, "examples") + os.sep
 

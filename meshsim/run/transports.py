@@ -162,7 +162,7 @@ def _meet(store: Any, size: int, members: str) -> None:
     if arrived > size:
         store.wait([_MET + "/never"])
     store.wait(firsts)
-    if any(store.get(key).decode() != members for key in firsts):
+    if any(value.decode() != members for value in store.multi_get(firsts)):  # one round trip, not `size`
         store.wait([_MET + "/never"])
     if arrived == size:
         store.set(_MET + "/all", "1")

@@ -72,7 +72,7 @@ def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[in
                 f"{site_text(call.site)}, {_said(mine)}, where rank{'s' if len(others) > 1 else ''} "
                 f"{ranks_text(others)} call there {_said(usual)}: its call does not fit the pattern its siblings "
                 f"follow, and ranks {ranks_text(sorted(cycle))} wait behind it")
-        if mine[0] in PARTS and usual[0] in PARTS:  # another part than its siblings there: the wrong group
+        if usual[0] in PARTS and mine[0] in (*PARTS, "group"):  # not the part its siblings call on: the wrong group
             waited = _waited_on(states, held, r, {g for g, role in roles.items() if role == usual}) or call
             found[r] = Cause(r, KINDS["mismatched"], text + (
                 f"; its peers wait for it in {waited.kind} #{waited.seq} on group {group_text(waited.ranks)}"
@@ -91,20 +91,45 @@ def _waited_on(states: list[RankState], held: dict[int, CallBegun], r: int, want
 
 
 def _in_cycle(upstream: dict[int, set[int]]) -> set[int]:
-    """The ranks on a cycle of waits (each waits for the next, the last for the first)."""
+    """The ranks on some cycle of waits (each waits for the next, the last for the first): every cycle, not the
+    first one found, since sibling groups that hang alike (each with its own culprit) wait in cycles that share
+    ranks. Kosaraju's strongly connected components, without recursion (a world of thousands)."""
+    nodes = set(upstream) | {m for ranks in upstream.values() for m in ranks}
+    finished: list[int] = []
+    seen: set[int] = set()
+    for start in sorted(nodes):
+        if start in seen:
+            continue
+        seen.add(start)
+        stack = [(start, iter(sorted(upstream.get(start, ()))))]
+        while stack:
+            node, edges = stack[-1]
+            nxt = next((m for m in edges if m not in seen), None)
+            if nxt is None:
+                stack.pop()
+                finished.append(node)
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(sorted(upstream.get(nxt, ())))))
+    downstream: dict[int, set[int]] = {}
+    for rank, ranks in upstream.items():
+        for m in ranks:
+            downstream.setdefault(m, set()).add(rank)
     on: set[int] = set()
-    for start in upstream:
-        path, rank, seen = [start], start, {start}
-        while True:
-            nxt = sorted(upstream.get(rank, ()))
-            if not nxt:
-                break
-            rank = nxt[0]
-            if rank in seen:
-                on.update(path[path.index(rank):])
-                break
-            seen.add(rank)
-            path.append(rank)
+    placed: set[int] = set()
+    for start in reversed(finished):
+        if start in placed:
+            continue
+        component, todo = {start}, [start]
+        placed.add(start)
+        while todo:
+            for m in downstream.get(todo.pop(), ()):
+                if m not in placed:
+                    placed.add(m)
+                    component.add(m)
+                    todo.append(m)
+        if len(component) > 1 or start in upstream.get(start, ()):
+            on |= component
     return on
 
 

@@ -101,6 +101,12 @@ def test_nccl_groups_count_elements_where_gloo_compares_shapes(checks):
     assert contract["scattered"] == [4.0, 4.0] and contract["premul"] == [2.0, 2.0]
 
 
+def test_a_send_and_recv_whose_tags_differ_pair_on_nccl_groups_and_gloo_groups_pair_by_tag(checks):
+    """NCCL ignores p2p tags (pytorch#94819): a script whose tags disagree runs on GPUs, and must not hang here."""
+    assert checks[1]["nccl_contract"]["untagged"] == {"nccl": [1.0, 1.0], "gloo": [[1.0, 1.0], [2.0, 2.0]]}
+    assert checks[3]["nccl_contract"]["untagged"] == {"nccl": [3.0, 3.0], "gloo": [[3.0, 3.0], [6.0, 6.0]]}
+
+
 def test_nccl_groups_refuse_non_contiguous_tensors_and_gloo_groups_keep_gloos_contract(checks):
     contract = checks[0]["nccl_contract"]
     assert contract["non_contiguous"] == "ValueError: Tensors must be contiguous"

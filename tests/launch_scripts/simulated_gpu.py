@@ -191,6 +191,7 @@ def nccl_contract():
     dist.all_reduce(premul, op=dist._make_nccl_premul_sum(0.5))
     gloo = dist.new_group(backend="gloo")
     return {
+        "untagged": _p2p_tags(rank, gloo),
         "zero_d": [t.tolist() for t in zero_d], "reshaped": [t.tolist() for t in reshaped],
         "uneven": [t.tolist() for t in uneven], "stacked": stacked.tolist(), "scattered": scattered.tolist(),
         "premul": premul.tolist(),
@@ -198,6 +199,22 @@ def nccl_contract():
         "gloo_group_keeps_gloo": raises(lambda: dist.all_gather([torch.zeros(1) for _ in range(world)],
                                                                 torch.tensor(1.0), group=gloo)),
     }
+
+
+def _p2p_tags(rank, gloo):
+    """A send and a recv whose tags disagree pair on NCCL, which ignores tags; gloo pairs by tag."""
+    peer, value = rank ^ 1, float(rank + 1)
+    if rank % 2 == 0:
+        dist.send(torch.full((2,), value), dst=peer, tag=1)
+        works = [dist.isend(torch.full((2,), value * k), dst=peer, tag=k, group=gloo) for k in (1, 2)]
+        for work in works:
+            work.wait()
+        return None
+    untagged, by_tag = torch.zeros(2), [torch.zeros(2), torch.zeros(2)]
+    dist.recv(untagged, src=peer, tag=2)
+    for k in (2, 1):
+        dist.recv(by_tag[k - 1], src=peer, tag=k, group=gloo)
+    return {"nccl": untagged.tolist(), "gloo": [t.tolist() for t in by_tag]}
 
 
 @check

@@ -399,7 +399,40 @@ def _nccl_collectives() -> None:
         setattr(c10d, name, wrapped)
 
 
-PATCHES = ("nccl.groups", "nccl.premul-sum", "nccl.ddp-devices", "nccl.collectives")
+P2P = ("send", "recv", "isend", "irecv")
+
+
+def _untagged(plain: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(plain)
+    def p2p(*args: Any, **kwargs: Any) -> Any:
+        call = arguments(plain, args, kwargs)
+        if call.get("tag") and is_nccl(call.get("group")):
+            call["tag"] = 0
+            return plain(**call)
+        return plain(*args, **kwargs)
+
+    return p2p
+
+
+@patch("nccl.p2p-tags", "NCCL ignores a send's or recv's tag (pytorch#94819, #125079): on an NCCL group they match "
+       "in the order they are posted, whatever their tags", targets=tuple(f"{C10D}.{name}" for name in P2P),
+       needs={f"{C10D}.{name}": ("tag", "group") for name in P2P})
+def _nccl_p2p_tags() -> None:
+    """A script whose send and recv tags disagree runs on GPUs (NCCL pairs them in order) and hangs on gloo, which
+    pairs by tag: on a group asked for NCCL, gloo gets every tag as 0, so it pairs in order too. (P2POp, and so
+    batch_isend_irecv, calls the isend/irecv it was given: dist's, these.)"""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in P2P:
+        plain = getattr(c10d, name)
+        wrapped = _untagged(plain)
+        if getattr(dist, name, None) is plain:
+            setattr(dist, name, wrapped)
+        setattr(c10d, name, wrapped)
+
+
+PATCHES = ("nccl.groups", "nccl.premul-sum", "nccl.ddp-devices", "nccl.collectives", "nccl.p2p-tags")
 
 
 def forget_groups() -> None:

@@ -12,3 +12,12 @@ settings.register_profile("ci", parent=settings.get_profile("meshsim"), derandom
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "meshsim"))
 
 pytest_plugins = ["pytester"]
+
+# The modules of minute-long tests run first: xdist hands the collection out in order, and a minute-long test left
+# for the end keeps one worker busy while the other has nothing left to do.
+LONGEST_FIRST = ("test_public_scripts.py", "test_nightly.py", "test_fuzz.py", "test_launch_hang_scripts.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: each module keeps its order

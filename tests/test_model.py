@@ -246,3 +246,17 @@ def test_a_cuda_mesh_fails_to_build_only_where_no_rank_can_set_a_cuda_device():
     plan = Plan((step("init_device_mesh", shape=[2, 4], device="cuda", out="m"),))
     assert predict(plan, W).ranks[0].observations[0] == Err(None, "cuda")
     assert predict(plan, W, platform=Platform("cuda", True)).ranks[0].observations[0]["shape"] == [2, 4]
+
+
+def test_from_local_onto_a_slice_of_its_sources_mesh_is_predicted_where_values_are_not_simulated():
+    """Past 1,024 ranks the model keeps shapes alone: the local block from_local takes is the source's, placed on
+    the source's mesh (three dims here), not on the slice it goes to (two). Found by the README's fake-tier sweep."""
+    plan = Plan((step("init_device_mesh", shape=[1, 1, 2048], names=["a", "b", "c"], out="m"),
+                 step("distribute", mesh="m", shape=[1], placements=["R", "R", "S(0)"], out="t"),
+                 step("slice", src="m", names=["b", "c"], out="v"),
+                 step("from_local", mesh="v", tensor="t", placements=["R", "R"], out="u"),
+                 step("full_tensor", tensor="u")))
+    for rank in (0, 2047):
+        made, whole = predict_rank(plan, 2048, rank)[3:5]
+        local = [1] if rank == 0 else [0]  # Shard(0) of one element over 2,048 ranks: rank 0 holds it
+        assert made["local_shape"] == local and made["shape"] == local and whole["shape"] == local

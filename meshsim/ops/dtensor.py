@@ -362,7 +362,10 @@ def _from_local_inputs(run: Any, source: D.DTensorModel | None, a: dict, geo: D.
     if isinstance(geo, D.Unsimulated):  # this rank's block's shape alone; the members' shapes where it matters
         if source is None:
             return D.DTensorModel(mesh, geo, (), [], {run.model.rank: D.Block(tuple(a["local_shape"]), ())}, None)
-        mine = D.local_shape_and_offset(source.shape, source.placements, mesh.coordinate, mesh.shape)[0]
+        # the source's local block, placed on the source's mesh (from_local may take it onto another mesh)
+        mine = (D.local_shape_and_offset(source.shape, source.placements, source.mesh.coordinate,
+                                         source.mesh.shape)[0]
+                if source.geometry is not None else D.empty_block().shape)
         return D.DTensorModel(mesh, geo, source.shape, source.placements, {run.model.rank: D.Block(tuple(mine), ())},
                               None)
     ranks = tuple(geo.flat if geo is not None else [run.model.rank])

@@ -47,12 +47,6 @@ def main() -> None:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.json"), "w") as fh:
             json.dump(losses, fh)
-    # The script has ended: leave without the interpreter's teardown, where plain torch's gloo threads now and then
-    # abort the process ("terminate called without an active exception", SIGABRT) after every loss was recorded
-    # (seen once in CI, on the CPU twin; a rank under meshsim ends the same way, by os._exit).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

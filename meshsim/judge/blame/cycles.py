@@ -93,44 +93,12 @@ def _waited_on(states: list[RankState], held: dict[int, CallBegun], r: int, want
 def _in_cycle(upstream: dict[int, set[int]]) -> set[int]:
     """The ranks on some cycle of waits (each waits for the next, the last for the first): every cycle, not the
     first one found, since sibling groups that hang alike (each with its own culprit) wait in cycles that share
-    ranks. Kosaraju's strongly connected components, without recursion (a world of thousands)."""
-    nodes = set(upstream) | {m for ranks in upstream.values() for m in ranks}
-    finished: list[int] = []
-    seen: set[int] = set()
-    for start in sorted(nodes):
-        if start in seen:
-            continue
-        seen.add(start)
-        stack = [(start, iter(sorted(upstream.get(start, ()))))]
-        while stack:
-            node, edges = stack[-1]
-            nxt = next((m for m in edges if m not in seen), None)
-            if nxt is None:
-                stack.pop()
-                finished.append(node)
-            else:
-                seen.add(nxt)
-                stack.append((nxt, iter(sorted(upstream.get(nxt, ())))))
-    downstream: dict[int, set[int]] = {}
-    for rank, ranks in upstream.items():
-        for m in ranks:
-            downstream.setdefault(m, set()).add(rank)
-    on: set[int] = set()
-    placed: set[int] = set()
-    for start in reversed(finished):
-        if start in placed:
-            continue
-        component, todo = {start}, [start]
-        placed.add(start)
-        while todo:
-            for m in downstream.get(todo.pop(), ()):
-                if m not in placed:
-                    placed.add(m)
-                    component.add(m)
-                    todo.append(m)
-        if len(component) > 1 or start in upstream.get(start, ()):
-            on |= component
-    return on
+    ranks. networkx (which torch installs) finds the strongly connected components."""
+    import networkx as nx  # here: only a hang's diagnosis needs it
+
+    graph = nx.DiGraph([(rank, m) for rank, ranks in upstream.items() for m in ranks])
+    return {rank for component in nx.strongly_connected_components(graph) for rank in component
+            if len(component) > 1 or graph.has_edge(rank, rank)}
 
 
 def _members(states: list[RankState], held: dict[int, CallBegun]) -> dict[str, tuple[int, ...]]:

@@ -8,7 +8,9 @@ DeviceMesh, the ProcessGroup, its name, description and rank bookkeeping are mad
 the backend under a group of the same members (and the same timeout) is the one a previous plan's group
 connected. Its members still meet as a new gloo group's members do (each waits until all have come, through
 the store, where gloo would trade addresses), so a rank that does not make the group leaves the others waiting
-in new_group as before.
+in new_group as before. A new backend's members meet so too, before gloo's own exchange: two sets of ranks
+making groups under one name cross there, and gloo connects them now and then by luck; the meet makes that a
+hang on every run.
 
 A kept backend is in step on every member only if every member issued it the same collectives. The ranks
 report each transport's sequence number (torch counts every collective a backend runs, whatever called it) at
@@ -141,8 +143,10 @@ def _kept_class(base: Any) -> type:
             assert _active is not None and _active.making is not None
             key = _active.making
             _active.touched.add(key)
+            # a kept backend or a new one, its members meet first: gloo's own exchange under a crossed name
+            # connects by luck now and then (whose address a key holds last), the meet makes that hang every time
+            _meet(store, size, ",".join(map(str, key[0])))
             if getattr(self, "_meshsim_kept", False):
-                _meet(store, size, ",".join(map(str, key[0])))
                 return
             super().__init__(store, rank, size, *args, **kwargs)
             self._meshsim_kept = True

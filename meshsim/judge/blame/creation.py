@@ -85,8 +85,21 @@ def _mesh_divergence(states: list[RankState]) -> Blame | None:
             ahead = [s for s in states if s.rank not in ranks and len(s.meshes) > k + 1]
             if any(_mesh_key(s.meshes[k + 1]) == key for s in ahead):
                 return Blame(KINDS["subset"], sorted(ranks + camps.get(None, [])), note)  # they skipped a mesh
+        later = _built_at_a_later_step(states, k, built)
+        if later:
+            return Blame(KINDS["subset"], later, note)
         return Blame(KINDS["inconsistent"], _smaller_camps(list(camps.values())), note)
     return None
+
+
+def _built_at_a_later_step(states: list[RankState], k: int, built: dict[Any, list[int]]) -> list[int]:
+    """In a plan, the ranks whose k-th mesh is a later step's than the other ranks' k-th: they skipped the earlier
+    step's mesh, whose groups the others wait to create (with no rank past it, nothing else tells)."""
+    steps: dict[Any, set[Any]] = {key: {states[r].meshes[k][0] for r in ranks} for key, ranks in built.items()}
+    if any(len(found) != 1 or not isinstance(next(iter(found)), int) for found in steps.values()):
+        return []  # a script's meshes (no plan steps), or a camp spread over steps
+    first = min(next(iter(found)) for found in steps.values())
+    return sorted(r for key, ranks in built.items() if next(iter(steps[key])) > first for r in ranks)
 
 
 def _describe_camps(camps: dict[Any, list[int]]) -> str:

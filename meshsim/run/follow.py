@@ -32,6 +32,7 @@ from .generation import Worker
 from .still import PERIOD_S, Stillness
 
 RESULTS = (RankDied, PlanDone, FunctionDone, ScriptDone)  # how a rank's part of a run ends
+CATCH_UP_S = 1.0  # the most the controller reads the ranks' backlog for at the deadline
 
 
 @dataclass
@@ -86,11 +87,13 @@ def follow(hosted: list[Hosted], states: list[RankState], started: float, deadli
     try:
         first_death, went_still = _loop(hosted, states, started, deadline, from_last_message, stop_on_failure, ticker,
                                         still)
+        _catch_up(hosted, states)
         extra = 0.0 if first_death is not None or went_still or from_last_message or \
             not any(h.pending for h in hosted) else pace.grace(states, time.time())
         if extra > 0:  # every unfinished rank still completes calls: watch a little longer before calling it
             first_death, went_still = _loop(hosted, states, started, deadline + extra, from_last_message,
                                             stop_on_failure, ticker, still)
+            _catch_up(hosted, states)
     except KeyboardInterrupt:  # Ctrl-C where the caller lets it through (launch): the run so far is the record
         return {rank for h in hosted for rank in h.pending}, "interrupted"
     ticker.last()
@@ -200,11 +203,22 @@ def _loop(hosted: list[Hosted], states: list[RankState], started: float, deadlin
     return first_death, False
 
 
-def _drain(host: Hosted, states: list[RankState]) -> tuple[bool, bool, bool]:
-    """Read what the worker sent. Returns (its pipe ended, one of its ranks died, one raised)."""
+def _catch_up(hosted: list[Hosted], states: list[RankState]) -> None:
+    """At the deadline, read what the ranks said before it that is still in their pipes (under load, a busy rank's
+    messages queue behind the others'): judged on a backlog, a rank that moves looks stuck calls ago, and ranks
+    that meet in every call look as if they parted. Bounded: the ranks go on talking while it reads."""
+    until = time.monotonic() + CATCH_UP_S
+    for host in hosted:
+        if host.pending:
+            _drain(host, states, until)
+
+
+def _drain(host: Hosted, states: list[RankState], until: float | None = None) -> tuple[bool, bool, bool]:
+    """Read what the worker sent (until `until`, by the monotonic clock, at most). Returns (its pipe ended, one of
+    its ranks died, one raised)."""
     died = raised = False
     try:
-        while host.pending and host.worker.readable():
+        while host.pending and host.worker.readable() and (until is None or time.monotonic() < until):
             message = host.worker.conn.recv()
             rank = host.pending[0] if len(host.pending) == 1 and not isinstance(message, FromRank) else None
             if isinstance(message, FromRank):

@@ -166,3 +166,21 @@ def test_a_send_recv_pipeline_stage_that_names_the_wrong_peer_departs_not_the_st
     assert world
     found = blame(_record(states))
     assert found.culprits == [2], found.causes
+
+
+def test_a_send_and_a_recv_under_tags_neither_used_before_make_both_ends_candidates():
+    # rank 0 sends tag 5, rank 1 receives tag 7: gloo pairs neither; nothing says which tag the program meant
+    states = [_rank(0, [("w:0->1 tag 5", (0, 1), "a.py:5", "send")]),
+              _rank(1, [("w:0->1 tag 7", (0, 1), "a.py:9", "recv")])]
+    found = blame(_record(states))
+    assert (found.kind, found.culprits) == (KINDS["unknown"], [])
+    assert [c.rank for c in found.candidates] == [0, 1]
+    assert all(c.kind == KINDS["tag"] and "tag 5" in c.text and "tag 7" in c.text for c in found.candidates)
+
+
+def test_the_end_whose_tag_already_carried_a_message_between_the_two_is_the_culprit():
+    # forward under tag 1 (0 -> 1), then the reply: rank 1 sends it back under tag 1 again, rank 0 waits for tag 2
+    states = [_rank(0, [("w:0->1 tag 1", (0, 1), "a.py:5", "send"), ("w:1->0 tag 2", (0, 1), "a.py:6", "recv")]),
+              _rank(1, [("w:0->1 tag 1", (0, 1), "a.py:5", "recv"), ("w:1->0 tag 1", (0, 1), "a.py:8", "send")])]
+    found = blame(_record(states))
+    assert (found.kind, found.culprits) == (KINDS["tag"], [1]), found.causes

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ..core.wire import ROOTED, MeshBuilt
+from ..core.wire import ROOTED, MeshBuilt, channel
 from . import patching as _patching
 from . import progress as _progress
 from .patching import arguments, patch, wrap
@@ -399,8 +399,8 @@ def _root(name: str, signature: inspect.Signature, args: tuple, kwargs: dict, gr
 
 def _channel(name: str, signature: inspect.Signature, args: tuple, kwargs: dict, group: Any, ranks: tuple[int, ...],
              group_name: str, progress: Progress) -> tuple[tuple[int, ...], str, tuple | None]:
-    """A point-to-point call's channel: (the pair's ranks, "<group>:<src>-><dst>", the group's mesh dim); the
-    group itself where the peer is not known (recv from any source)."""
+    """A point-to-point call's channel: (the pair's ranks, its name (meshsim.core.wire.channel: the ends and the
+    tag), the group's mesh dim); the group itself where the peer is not known (recv from any source)."""
     import torch.distributed.distributed_c10d as c10d
 
     try:
@@ -414,9 +414,14 @@ def _channel(name: str, signature: inspect.Signature, args: tuple, kwargs: dict,
             return ranks, group_name, None
         me = c10d.get_rank()
         src, dst = (me, int(peer)) if sending else (int(peer), me)
+        tag = int(bound.get("tag") or 0)
     except Exception:  # a call torch itself will refuse: report it on its group
         return ranks, group_name, None
-    return tuple(sorted({src, dst})), f"{group_name}:{src}->{dst}", progress.mesh_dims.get(group_name)
+    if tag:
+        from .simgpu.collectives import is_nccl  # (a simulated GPU's NCCL group pairs in order, whatever the tag)
+
+        tag = 0 if is_nccl(group) else tag
+    return tuple(sorted({src, dst})), channel(group_name, src, dst, tag), progress.mesh_dims.get(group_name)
 
 
 FOLLOWERS = ("follow.collectives", "follow.waits", "follow.ddp", "follow.functional", "follow.new-group",

@@ -44,6 +44,7 @@ KINDS = {
     "mismatched": "mismatched collective",
     "size": "tensor sizes differ across ranks",
     "collision": "groups crossed under one name",
+    "tag": "send and recv tags differ",
     "unknown": "ranks waiting, cause unclear",
     "slow": "too slow for its deadline",
 }

@@ -85,6 +85,22 @@ ROOTED = {"broadcast": "src", "broadcast_object_list": "src", "scatter": "src", 
 POINT_TO_POINT = (*SENDS, *RECVS)
 
 
+def channel(group: str, src: int, dst: int, tag: int = 0) -> str:
+    """A point-to-point channel's name: "<group>:<src>-><dst>", and " tag <n>" where the tag is not 0 (gloo pairs a
+    send with the recv of its own tag: two tags between the same ranks are two channels)."""
+    return f"{group}:{src}->{dst}" + (f" tag {tag}" if tag else "")
+
+
+def channel_ends(name: str) -> tuple[int, int, int] | None:
+    """(src, dst, tag) of a channel's name; None for a group's."""
+    _, colon, ends = name.rpartition(":")
+    route, _, tag = ends.partition(" tag ")
+    src, arrow, dst = route.partition("->")
+    if not (colon and arrow and src.isdigit() and dst.isdigit() and (not tag or tag.lstrip("-").isdigit())):
+        return None
+    return int(src), int(dst), int(tag or 0)
+
+
 class RunPlan(NamedTuple):
     plan: Any  # meshsim.spec.Plan
     deadline: float

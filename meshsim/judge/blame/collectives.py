@@ -8,12 +8,13 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, STUCK, CallBegun
+from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, SENDS, STUCK, CallBegun
 from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
 from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
 from .siblings import added_alone, by_siblings, ended_without, on_another_group
+from .tags import tag_causes
 
 
 def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int],
@@ -22,9 +23,10 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     it went past the call to one the others make after it (it skipped it: a culprit), or it is held up upstream
     (the wait goes on through it). Members that made another call at the same position disagree: the siblings
     (meshsim.judge.blame.siblings), else the group's majority, say who departs, unless a member skipped an
-    earlier call of the group (then its partners completed mismatched calls: victims). With no cause at all,
-    counts before order: ranks held in a call past the count their part's ranks made added it; then the waits
-    form a cycle (meshsim.judge.blame.cycles). `unseen`: calls the record cannot show (a rank in none of its
+    earlier call of the group (then its partners completed mismatched calls: victims). With no cause at all: a
+    send and a recv that wait for each other under different tags (meshsim.judge.blame.tags); counts before order:
+    ranks held in a call past the count their part's ranks made added it; then the waits form a cycle
+    (meshsim.judge.blame.cycles). `unseen`: calls the record cannot show (a rank in none of its
     calls may wait in one of those: a candidate, not a straggler)."""
     order = StateOrder(states)
     ref = Reference(states, order.roles)
@@ -39,6 +41,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
                 if cause.kind == KINDS["skipped"] or cause.rank not in causes:
                     causes[cause.rank] = cause
+    if not causes and upstream:  # a send and a recv between the same ranks under different tags wait for each other
+        causes.update(tag_causes(states, held))
     if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
         causes.update(added_alone(states, ref, held))
     if not causes and upstream:  # (candidates explain waits too: no cycle where a rank may be elsewhere)
@@ -216,7 +220,8 @@ def _issued_as(state: RankState, order: StateOrder, key: Any) -> tuple[str, int]
     return next((g, q) for g, q in state.issued if order.key(g, q) == key)
 
 
-_PRIORITY = (KINDS["left"], KINDS["straggler"], KINDS["skipped"], KINDS["mismatched"], KINDS["reordered"])
+_PRIORITY = (KINDS["left"], KINDS["straggler"], KINDS["skipped"], KINDS["mismatched"], KINDS["tag"],
+             KINDS["reordered"])
 
 
 def _not_there(states: list[RankState], call: CallBegun) -> list[int]:
@@ -347,7 +352,8 @@ def victims_of(states: list[RankState], held: dict[int, CallBegun], culprits: li
         for (group, seq), (site, kind) in sorted(states[culprit].call_log.items()):
             for m in members_of(states, group):
                 theirs = states[m].call_log.get((group, seq))
-                if m in culprits or theirs is None or theirs == (site, kind) or held_in(states[m], group, seq):
+                if m in culprits or theirs is None or theirs == (site, kind) or held_in(states[m], group, seq) \
+                        or _send_and_recv(kind, theirs[1]):
                     continue
                 pairings.setdefault(m, []).append(f"{theirs[1]} #{seq} at {site_text(theirs[0])} paired with rank "
                                                   f"{culprit}'s {kind} at {site_text(site)}")
@@ -357,3 +363,8 @@ def victims_of(states: list[RankState], held: dict[int, CallBegun], culprits: li
         out[m] = (now + f"; earlier it completed {pairs[0]}{more}: a mismatched collective, "
                   "because its partner skipped or added a call")
     return out
+
+
+def _send_and_recv(kind: str, other: str) -> bool:
+    """A send paired with a recv: one message, as the program meant (a channel's two ends make different calls)."""
+    return (kind in SENDS and other in RECVS) or (kind in RECVS and other in SENDS)

@@ -16,7 +16,7 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import CallBegun
+from ...core.wire import CallBegun, channel_ends
 from .calls import Cause, site_text
 from .parts import StateOrder
 
@@ -117,11 +117,9 @@ def _shape(rank: int, group: str, members: dict[str, tuple[int, ...]], order: St
     role = order.roles.get(group)
     if isinstance(role, tuple) and role[0] in PARTS:
         return role
-    _, arrow, ends = group.rpartition(":")
-    if arrow and "->" in ends:
-        src, _, dst = ends.partition("->")
-        if src.isdigit() and dst.isdigit():
-            return ("channel", int(src) - rank, int(dst) - rank)
+    ends = channel_ends(group)
+    if ends is not None:
+        return ("channel", ends[0] - rank, ends[1] - rank)
     ranks = members.get(group)
     if ranks is not None and len(ranks) == 2 and rank in ranks:
         return ("pair", next(m for m in ranks if m != rank) - rank)

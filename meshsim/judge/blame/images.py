@@ -28,13 +28,13 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import FINISHED, POINT_TO_POINT
+from ...core.wire import FINISHED, POINT_TO_POINT, channel_ends
 from .calls import Cause, blocked_call, site_text
 
 MAX_RANKS = 256  # beyond this the record's hangs are a plan tier's, and its groups' own rules are enough
 MAX_WORK = 4_000_000  # calls compared in all, at most: a bound on the time this rule may take
 
-Element = tuple[str, Any]  # a group: ("group", its members) or ("channel", (src, dst))
+Element = tuple[str, Any]  # a group: ("group", its members) or ("channel", (src, dst, tag))
 Call = tuple[str, Element, Any]  # (the call's kind, its group, its root's place among the members, if it has one)
 
 
@@ -74,10 +74,9 @@ def _groups(states: list[RankState]) -> dict[str, Element] | None:
         for group in s.calls_on:
             if group in out:
                 continue
-            _, arrow, ends = group.rpartition(":")
-            src, _, dst = ends.partition("->")
-            if arrow and src.isdigit() and dst.isdigit():
-                out[group] = ("channel", (int(src), int(dst)))
+            ends = channel_ends(group)
+            if ends is not None:
+                out[group] = ("channel", ends)
             elif known.get(group):
                 out[group] = ("group", frozenset(known[group]))
             else:
@@ -108,7 +107,7 @@ def _moved(group: Element, perm: tuple[int, ...]) -> Element:
     """A group renamed by a symmetry."""
     kind, ranks = group
     if kind == "channel":
-        return (kind, (perm[ranks[0]], perm[ranks[1]]))
+        return (kind, (perm[ranks[0]], perm[ranks[1]], *ranks[2:]))  # (src, dst, tag)
     return (kind, frozenset(perm[r] for r in ranks))
 
 
@@ -302,15 +301,11 @@ def _named(states: list[RankState], r: int, element: Element | None) -> str | No
         return None
     for s in (states[r], *states):
         for group, ranks in (*s.group_ranks.items(), *s.created.items()):
-            if element == ("group", frozenset(ranks)) or element == ("channel", _ends(group)):
+            if element == ("group", frozenset(ranks)) or element == ("channel", channel_ends(group)):
                 return group
     return None
 
 
-def _ends(group: str) -> tuple[int, int] | None:
-    _, arrow, ends = group.rpartition(":")
-    src, _, dst = ends.partition("->")
-    return (int(src), int(dst)) if arrow and src.isdigit() and dst.isdigit() else None
 
 
 def _how(states: list[RankState], traces: list[list[Call]], r: int, d: Difference, at: int

@@ -177,9 +177,12 @@ def _skipped_ahead(states: list[RankState], order: StateOrder, held: dict[int, C
     # a pair's point-to-point calls are counted on their channels, each side its own: not calls every member makes
     pairs = {name for s in states for (g, _), (_, kind) in s.call_log.items() if kind in POINT_TO_POINT or "->" in g
              for name in (g, g.rpartition(":")[0])}  # (and the group whose channels they are)
+    # a rank held where the first hang's culprits departed from its group waits at a position whose call the
+    # members disagree on: where that stands in the program is the first hang's question, not a second hang
+    disputed = {(c.group, c.seq) for c in causes.values() if not c.candidate}
     found: dict[int, Cause] = {}
     for r, call in sorted(held.items()):
-        if r in causes:
+        if r in causes or (call.group, call.seq) in disputed:
             continue
         here = order.key(call.group, call.seq)
         for group in sorted(g for g, ranks in members.items() if r in ranks and g != call.group and g not in pairs):

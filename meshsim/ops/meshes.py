@@ -334,11 +334,11 @@ class Concatenate:
 
 
 @operation("from_group", "derive", {"src": F.MESH, "dims": F.DIMS, "group": F.GROUP, "groups": F.GROUP_CHOICES,
-                                    "layout": F.LAYOUT, "names": F.NAMES, "device": F.DEVICE}, (), F.PRODUCES_MESH,
-           weight=2)
+                                    "layout": F.LAYOUT, "layout_tensor": F.BOOL, "names": F.NAMES, "device": F.DEVICE},
+           (), F.PRODUCES_MESH, weight=2)
 class FromGroup:
     """DeviceMesh.from_group(groups of src's dims, or a new_group handle, or one handle per dim out of lists of
-    new_group handles; mesh=layout, else src seen from this rank)"""
+    new_group handles; mesh=layout (a tensor where layout_tensor, a list else), else src seen from this rank)"""
 
     @staticmethod
     def check_args(a: dict) -> None:
@@ -377,6 +377,8 @@ class FromGroup:
         from torch.distributed.device_mesh import DeviceMesh
 
         layout = a.get("layout")
+        if layout is not None and a.get("layout_tensor"):  # torch takes both, and checks each its own way
+            layout = torch.tensor(layout, dtype=torch.int)
         if "group" in a or "groups" in a:
             group = ex.resolve(a["group"]) if "group" in a else [
                 _member_of(choices, ex.resolve) for choices in a["groups"]]

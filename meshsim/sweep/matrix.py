@@ -143,6 +143,7 @@ def _device_mesh_edges(shape: list[int]) -> list[Step]:
             step("unflatten", src="m", dim="b", sizes=[b, 1], names=["u"], out="x6"),
             step("flatten", src="m", name="a", out="x7"),
             step("from_group", src="m", dims=[0, 1], layout=list(range(a)), names=["p", "q"], out="x8"),
+            *_one_group_meshes(a, b),
             step("from_group", groups=[], out="x9"),
             step("init_device_mesh", shape=shape, names=["a", "b"], backend_override=[[0, "gloo"], ["a", "gloo"]],
                  out="x10"),
@@ -162,6 +163,21 @@ def _device_mesh_edges(shape: list[int]) -> list[Step]:
             step("mesh", layout=list(range(a * b)), init_backend=False, out="nb"),
             step("query", mesh="nb", what="get_group"), step("flatten", src="nb", out="x18"),
             step("check", mesh="m")]
+
+
+def _one_group_meshes(a: int, b: int) -> list[Step]:
+    """from_group of one group with mesh= given, as a list and as a tensor: the group's own ranks (taken), and the
+    first row's on every rank (refused where that is not the rank's group: a layout that sorts before the group's,
+    and one equal to it, both told apart from it)."""
+    own = {r: {"layout": list(range(r - r % b, r - r % b + b))} for r in range(b, a * b)}
+    out = []
+    for as_tensor in (False, True):
+        tag = "t" if as_tensor else "l"
+        out += [step("from_group", src="m", dims=["b"], layout=list(range(b)), layout_tensor=as_tensor, on_rank=own,
+                     out=f"own_{tag}"), step("check", mesh=f"own_{tag}"),
+                step("from_group", src="m", dims=["b"], layout=list(range(b)), layout_tensor=as_tensor,
+                     out=f"first_{tag}")]
+    return out
 
 
 def _every_derived_mesh(shape: list[int]) -> list[Step]:

@@ -58,6 +58,7 @@ CASES = [
     ("pair_broadcast_wrong_source", (2, 4), [6], MISMATCHED, None),
     ("hand_built_tp_groups_off_by_one", (2, 4), [3, 7], MISMATCHED, None),
     ("pipeline_grads_on_forward_tags", (2, 2), [0, 1], KINDS["tag"], None),
+    ("cached_global_batch", (2, 4), [6, 7], MISMATCHED, "dp"),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),

@@ -1,5 +1,5 @@
 """A (4, 2) mesh, ("dp", "tp"), on 2 hosts x 4. Each step every rank pads its batch to the longest sequence over
-dp, which a helper that functools.lru_cache remembers by the local length all_reduces (MAX), sums the padded
+dp, which a helper that functools.cache remembers by the local length all_reduces (MAX), sums the padded
 activations' partial sums over tp, then gathers the replicas' losses over dp. Sequences grow every step up to a
 cap: ranks 6 and 7 (dp coordinate 3) reach it at step 2, so at step 3 the cache serves their length and their
 call never reaches the all_reduce; they go on to the tp sum and the loss all_gather while their dp peers wait for
@@ -16,7 +16,7 @@ dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
 dp_rank = mesh.get_local_rank("dp")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def longest(local: int) -> int:
     length = torch.tensor([local])
     dist.all_reduce(length, op=dist.ReduceOp.MAX, group=dp)

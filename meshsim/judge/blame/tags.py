@@ -58,4 +58,3 @@ def _used_before(state: RankState, a: int, b: int, tag: int, held: CallBegun) ->
         if group != held.group or seq < held.seq:
             return True
     return False
-

@@ -91,6 +91,11 @@ def channel(group: str, src: int, dst: int, tag: int = 0) -> str:
     return f"{group}:{src}->{dst}" + (f" tag {tag}" if tag else "")
 
 
+def channel_group(name: str) -> str:
+    """The group a channel's calls are made on (the name itself for a group's)."""
+    return name.rpartition(":")[0] or name
+
+
 def channel_ends(name: str) -> tuple[int, int, int] | None:
     """(src, dst, tag) of a channel's name; None for a group's."""
     _, colon, ends = name.rpartition(":")

@@ -8,7 +8,7 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, SENDS, STUCK, CallBegun
+from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, SENDS, STUCK, CallBegun, channel_group
 from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
 from .cycles import cycle_causes
 from .images import image_causes
@@ -176,7 +176,7 @@ def _skipped_ahead(states: list[RankState], order: StateOrder, held: dict[int, C
     members = _all_members(states)
     # a pair's point-to-point calls are counted on their channels, each side its own: not calls every member makes
     pairs = {name for s in states for (g, _), (_, kind) in s.call_log.items() if kind in POINT_TO_POINT or "->" in g
-             for name in (g, g.rpartition(":")[0])}  # (and the group whose channels they are)
+             for name in (g, channel_group(g))}  # (and the group whose channels they are)
     # a rank held where the first hang's culprits departed from its group waits at a position whose call the
     # members disagree on: where that stands in the program is the first hang's question, not a second hang
     disputed = {(c.group, c.seq) for c in causes.values() if not c.candidate}

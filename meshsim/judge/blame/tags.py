@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...core.outcome import KINDS
 from ...core.record import RankState
-from ...core.wire import RECVS, SENDS, CallBegun, channel_ends
+from ...core.wire import RECVS, SENDS, CallBegun, channel_ends, channel_group
 from .calls import Cause, site_text
 
 
@@ -26,7 +26,8 @@ def tag_causes(states: list[RankState], held: dict[int, CallBegun]) -> dict[int,
         src, dst, tag = ends
         recv = held[dst]
         theirs = channel_ends(recv.group) if recv.kind in RECVS else None
-        if theirs is None or theirs[:2] != (src, dst) or theirs[2] == tag or _group(recv.group) != _group(send.group):
+        if theirs is None or theirs[:2] != (src, dst) or theirs[2] == tag \
+                or channel_group(recv.group) != channel_group(send.group):
             continue
         text = (f"rank {src} sends to rank {dst} with tag {tag} at {site_text(send.site)} while rank {dst} waits to "
                 f"receive from it with tag {theirs[2]} at {site_text(recv.site)}: gloo pairs a send with the receive "
@@ -44,16 +45,12 @@ def tag_causes(states: list[RankState], held: dict[int, CallBegun]) -> dict[int,
     return found
 
 
-def _group(channel: str) -> str:
-    """The group a channel's calls are made on."""
-    return channel.rpartition(":")[0]
-
-
 def _used_before(state: RankState, a: int, b: int, tag: int, held: CallBegun) -> bool:
     """Whether rank `state` sent or received a message under `tag` between ranks a and b before its held call."""
     for group, seq in state.call_log:
         ends = channel_ends(group)
-        if ends is None or {ends[0], ends[1]} != {a, b} or ends[2] != tag or _group(group) != _group(held.group):
+        if ends is None or {ends[0], ends[1]} != {a, b} or ends[2] != tag \
+                or channel_group(group) != channel_group(held.group):
             continue
         if group != held.group or seq < held.seq:
             return True

@@ -328,3 +328,48 @@ def test_a_worker_killed_between_plans_is_replaced_before_the_next(meshsim_clust
         time.sleep(0.05)
     result = assert_agrees(meshsim_cluster, Plan((M2, S("check", mesh="m"))))
     assert result.outcome == "pass" and victim not in meshsim_cluster.pids
+
+
+def test_a_plans_progress_is_held_and_sent_with_its_result_or_as_soon_as_a_rank_waits():
+    # 30-odd events a plan, one pipe message each, cost more than the plan's collectives: a worker holds them
+    from meshsim.compat.progress import Progress
+    from meshsim.core.wire import Batch, CallBegun, StepBegun
+
+    sent = []
+    progress = Progress(sent.append, hold_s=0.05)
+    progress.in_plan = True
+    progress.emit(StepBegun(0, "check", None, 0.0))
+    progress.call("all_reduce", (0, 1), "1")
+    assert sent == []
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:  # the rank now waits in its all_reduce: it must be heard
+        time.sleep(0.01)
+    assert len(sent) == 1 and [type(e) for e in sent[0].events] == [StepBegun, CallBegun]
+    progress.returned()
+    progress.emit(StepBegun(1, "to_local", None, 0.0))
+    progress.end_plan()
+    progress.send_result("done")  # what is still held goes first, in one message with the result
+    assert len(sent) == 2 and sent[1].events[-1] == "done" and isinstance(sent[1].events[0], Batch)
+
+
+def test_a_group_creation_is_sent_at_once_unless_the_transports_send_before_connecting():
+    # gloo's connect holds the GIL: a rank stuck in it could not send what it held
+    from meshsim.compat.progress import Progress
+
+    sent = []
+    progress = Progress(sent.append, hold_s=60)
+    progress.in_plan = True
+    progress.creating((0, 1), "3", None)
+    assert len(sent) == 1 and sent[0].kind == "new_group"
+    progress.hold_creations = True
+    progress.creating((0, 1), "4", None)
+    assert len(sent) == 1
+    progress.flush()
+    assert len(sent) == 2
+
+
+def test_a_rank_that_exits_mid_plan_is_placed_at_the_step_it_died_in(meshsim_cluster):
+    plan = Plan((M2, S("check", mesh="m"), S("exit", only_on=[3]), S("check", mesh="m")))
+    result = meshsim_cluster.run(plan, deadline=60)
+    assert result.outcome == "crash" and result.culprits == [3]
+    assert result.record.states[3].step == 2  # its held progress went out before the process ended

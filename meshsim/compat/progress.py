@@ -3,6 +3,12 @@
 A rank stuck inside C++ (a gloo connect, a recv) can no longer say anything, so every collective and every
 group creation announces itself first (meshsim.core.wire: StepBegun, CallBegun, CallReturned, FunctionBegun,
 MeshBuilt). The followers that make torch announce them are patches of torch, in meshsim.compat.follow.
+
+Inside a plan a worker process may hold its events (`hold_s`): a plan's 30-odd events, one pipe message each, cost
+its rank and the controller more than the plan's collectives. Held events go with the plan's result, or, once the
+oldest has waited `hold_s`, a thread of the rank sends them: a rank that waits in a collective (the GIL released)
+is heard within `hold_s`, before the controller can call the run still (meshsim.run.still). What may block holding
+the GIL (gloo's connect in a group's creation) and a fault that ends the process send at once.
 """
 
 from __future__ import annotations
@@ -28,9 +34,17 @@ COLLECTIVES = (
 class Progress:
     """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
 
-    def __init__(self, send: Callable[[Any], None]):
+    def __init__(self, send: Callable[[Any], None], hold_s: float | None = None):
         self._send = send
         self._lock = threading.Lock()
+        self._hold_s = hold_s  # None: every event is sent at once
+        self._held: list[Any] = []
+        self._held_since = 0.0
+        self._wake = threading.Condition(self._lock)
+        self._flusher: threading.Thread | None = None
+        # A group's creation is sent at once (gloo's connect holds the GIL: no thread of a rank stuck in it could
+        # send), unless the rank's transports send what is held before each connect (meshsim.run.transports).
+        self.hold_creations = False
         self.context: tuple | None = None  # (mesh handle, dim) of the plan step's current call
         self.in_plan = False  # inside a plan every blocking call is announced: "returned" can wait for the next
         self._returned = False
@@ -50,12 +64,56 @@ class Progress:
         self.mesh_dims.clear()
         self.last_asked.clear()
 
-    def emit(self, event: Any) -> None:
+    def emit(self, event: Any, at_once: bool = False) -> None:
         with self._lock:
             if self._returned:
                 self._returned = False
                 event = Batch((CallReturned(time=self._returned_at), event))
-            self._send(event)
+            if self._hold_s is None or not (self.in_plan or self._held):
+                self._send(event)
+                return
+            self._held.append(event)  # after what is held, even past the plan's end: the controller reads in order
+            if at_once or not self.in_plan:
+                self._send_held()
+            elif len(self._held) == 1:
+                self._held_since = time.monotonic()
+                self._start_flusher()
+
+    def flush(self) -> None:
+        """Send what is held now (before the process ends by design)."""
+        with self._lock:
+            self._send_held()
+
+    def send_result(self, result: Any) -> None:
+        """A plan's result, after what is still held of its progress: one message."""
+        with self._lock:
+            held, self._held = self._held, []
+            self._send(Batch((*held, result)) if held else result)
+
+    def _send_held(self) -> None:  # with self._lock held
+        if self._returned and self.in_plan:  # the call has returned: say so now, not with the next event
+            self._returned = False
+            self._held.append(CallReturned(time=self._returned_at))
+        if self._held:
+            held, self._held = self._held, []
+            self._send(held[0] if len(held) == 1 else Batch(tuple(held)))
+
+    def _start_flusher(self) -> None:  # with self._lock held
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_when_old, name="meshsim-progress", daemon=True)
+            self._flusher.start()
+        self._wake.notify()
+
+    def _flush_when_old(self) -> None:
+        with self._lock:
+            while True:
+                while not self._held:
+                    self._wake.wait()
+                left = self._held_since + (self._hold_s or 0.0) - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                else:
+                    self._send_held()
 
     def call(self, kind: str, ranks: tuple[int, ...], group: str, sizes: str | None = None,
              context: tuple | None = None, root: int | None = None) -> tuple[str, int]:
@@ -70,7 +128,7 @@ class Progress:
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
         self.emit(CallBegun("new_group", ranks, name, 0, (self.context[0] if self.context else None, desc),
-                            None if self.in_plan else user_site()))
+                            None if self.in_plan else user_site()), at_once=not self.hold_creations)
 
     def returned(self) -> None:
         # Inside a plan the next message (a call, a step) always comes before the rank can block again, so
@@ -113,8 +171,9 @@ class Progress:
         self.emit(CallReturned(f"{type(exc).__name__}: {exc}"[:500]))
 
     def end_plan(self) -> None:
-        """The plan's result follows: a pending "returned" is moot (the rank has finished)."""
-        self.in_plan = self._returned = False
+        """The plan's result follows (send_result): a pending "returned" is moot (the rank has finished)."""
+        with self._lock:
+            self.in_plan = self._returned = False
 
 
 def _error_of(future: Any) -> str | None:

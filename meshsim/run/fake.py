@@ -79,7 +79,7 @@ class _Quiet(Progress):
     def __init__(self) -> None:
         super().__init__(lambda event: None)
 
-    def emit(self, event: Any) -> None:
+    def emit(self, event: Any, at_once: bool = False) -> None:
         pass
 
     def forget_groups(self) -> None:

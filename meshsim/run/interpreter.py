@@ -149,10 +149,12 @@ class Interpreter:
 
     def exit(self, code: int) -> None:
         """An `exit` fault: the rank's process ends."""
+        self.progress.flush()
         os._exit(code)
 
     def kill(self) -> None:
         """A `kill` fault: SIGKILL, no goodbyes."""
+        self.progress.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ handles

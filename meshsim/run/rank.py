@@ -43,8 +43,12 @@ from ..core.wire import (
 )
 from ..spec.platform import platform_for, uses_nccl
 from .reaper import die_with_parent, lead_own_group
+from .still import STILL_FOR_S
 
 STACK_SIGNAL = signal.SIGUSR1
+# How long a worker process holds a plan's progress (meshsim.compat.progress): well inside the quiet the controller
+# needs to call a run still, so a waiting rank has always been heard before that.
+HOLD_S = STILL_FOR_S / 3
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     send = sender(conn)
     try:
         session = RankSession.join(spec.backend, spec.rank, topology.world, send,
-                                   store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s)
+                                   store=("127.0.0.1", spec.port, spec.prefix), timeout_s=spec.start_timeout_s,
+                                   hold_s=HOLD_S)
     except CompatError as exc:  # a patch that does not fit this torch: its one line is the whole story
         conn.send(JoinFailed(str(exc), incompatible=True))
         os._exit(4)
@@ -163,6 +168,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
 
         session.transports = Transports(spec.rank)
         install(session.transports)
+        session.progress.hold_creations = True  # the transports send what is held before each connect
     conn.send(Ready(os.getpid()))
     serve(session, conn, send, measure)
 
@@ -182,7 +188,7 @@ def serve(session: RankSession, conn: Any, send: Callable[[Any], None], measure:
         done = session.run_plan(message.plan, message.deadline)
         if measure is not None:
             measure.save()
-        send(done)
+        session.progress.send_result(done)
 
     handlers: dict[type, Callable[[Any], Any]] = {
         RunPlan: run_plan,
@@ -338,7 +344,7 @@ class RankSession:
     """The torch side of a rank: the default group, the progress hooks, the plan interpreter, the teardown."""
 
     def __init__(self, rank: int, world: int, device_type: str, store: Any, send: Callable[[Any], None],
-                 interpreter: Any = None, transports: Any = None):
+                 interpreter: Any = None, transports: Any = None, hold_s: float | None = None):
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
@@ -348,15 +354,17 @@ class RankSession:
 
         self.dist, self.c10d, self.store = dist, c10d, store
         self.baseline = set(c10d._world.pg_map)
-        self.progress = Progress(send)
+        self.progress = Progress(send, hold_s)
         install(self.progress)
         self.interpreter = (interpreter or Interpreter)(rank, world, device_type, self.progress)
         self.transports = transports  # gloo backends kept across plans (meshsim.run.transports), where asked
 
     @classmethod
     def join(cls, backend: str, rank: int, world: int, send: Callable[[Any], None],
-             store: tuple[str, int, str] | None = None, timeout_s: float = 120.0) -> RankSession:
-        """Join the world: on the controller's store (host, port, prefix), or on torchrun's (store None)."""
+             store: tuple[str, int, str] | None = None, timeout_s: float = 120.0,
+             hold_s: float | None = None) -> RankSession:
+        """Join the world: on the controller's store (host, port, prefix), or on torchrun's (store None).
+        hold_s: how long a plan's progress may be held (meshsim.compat.progress; None: sent at once)."""
         import torch
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
@@ -376,7 +384,7 @@ class RankSession:
             dist.init_process_group(backend, timeout=timeout)
             client = c10d._get_default_store()
         dist.barrier()  # the first collective pays for lazy set-up; pay it before the first plan
-        return cls(rank, world, device_type, client, send)
+        return cls(rank, world, device_type, client, send, hold_s=hold_s)
 
     def bound_waits(self, deadline_s: float) -> None:
         """Make torch's own waits end shortly after meshsim's deadline (subgroups default to 30 min). Runs of the

@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
+from ..compat.progress import current
 from ..core.wire import FINISHED
 
 # the group's global ranks, its timeout in seconds, and how many groups of those ranks the plan made before it:
@@ -87,8 +88,10 @@ def install(transports: Transports) -> None:
     def helper(*args: Any, **kwargs: Any) -> Any:
         if _active is None or not _active.on:
             return original(*args, **kwargs)
-        members = _key(lambda name: argument(name, args, kwargs))
+        members, connects = _key(lambda name: argument(name, args, kwargs))
         if members is None:
+            if connects:  # a backend of its own: its connect holds the GIL, so say where the rank is first
+                current().flush()
             return original(*args, **kwargs)
         key = (*members, _active.made.get(members, 0))
         _active.made[members] = key[2] + 1
@@ -118,17 +121,18 @@ def _arguments(function: Any) -> Any:
     return argument
 
 
-def _key(argument: Any) -> tuple[tuple[int, ...], float] | None:
-    """The transport a group may share: a gloo subgroup this rank is a member of, with no options of its own."""
+def _key(argument: Any) -> tuple[tuple[tuple[int, ...], float] | None, bool]:
+    """The transport a group may share (a gloo subgroup this rank is a member of, with no options of its own), and
+    whether this rank connects a backend for the group (a member; a subgroup's ranks, or the world)."""
     import torch.distributed as dist
 
     ranks = argument("global_ranks_in_group")
     if not ranks or dist.get_rank() not in ranks:
-        return None
+        return None, not ranks
     timeout = argument("timeout")
     if timeout is None or argument("backend_options") is not None or str(argument("backend")) != "gloo":
-        return None
-    return tuple(ranks), float(timeout.total_seconds())
+        return None, True
+    return (tuple(ranks), float(timeout.total_seconds())), True
 
 
 def _kept_class(base: Any) -> type:
@@ -148,6 +152,7 @@ def _kept_class(base: Any) -> type:
             _meet(store, size, ",".join(map(str, key[0])))
             if getattr(self, "_meshsim_kept", False):
                 return
+            current().flush()  # gloo's connect holds the GIL: say where the rank is first
             super().__init__(store, rank, size, *args, **kwargs)
             self._meshsim_kept = True
             _active.kept[key] = self
@@ -162,15 +167,12 @@ def _meet(store: Any, size: int, members: str) -> None:
     name crosses the two sets and nobody connects: the members wait, as on gloo, until the deadline."""
     arrived = store.add(_MET, 1)
     store.set(f"{_MET}/{arrived}", members)
-    firsts = [f"{_MET}/{i}" for i in range(1, size + 1)]
     if arrived > size:
         store.wait([_MET + "/never"])
-    store.wait(firsts)
-    if any(value.decode() != members for value in store.multi_get(firsts)):  # one round trip, not `size`
+    # multi_get waits for every key, then reads them all: one round trip. Every member reads the same `size` keys,
+    # so all of them pass or none does; nothing more to wait for.
+    if any(value.decode() != members for value in store.multi_get([f"{_MET}/{i}" for i in range(1, size + 1)])):
         store.wait([_MET + "/never"])
-    if arrived == size:
-        store.set(_MET + "/all", "1")
-    store.wait([_MET + "/all"])
 
 
 # ------------------------------------------------------------------------------------------------ the controller

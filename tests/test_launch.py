@@ -86,6 +86,15 @@ def test_a_module_runs_with_dash_m():
     assert "[rank1]:ok ['x']" in out.stdout
 
 
+def test_a_scripts_own_warnings_show_as_under_torchrun(tmp_path):
+    script = tmp_path / "warns.py"
+    script.write_text("import warnings\nwarnings.warn('log_every_n_steps is larger than the batches')\n")
+    out = subprocess.run([sys.executable, "-m", "meshsim", "launch", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (out.stdout + out.stderr).count("UserWarning: log_every_n_steps is larger than the batches") == 2
+
+
 @pytest.mark.parametrize("args", [["nope.py"], ["-m", "no_such_module_here"], ["--nnodes", "0", "x.py"],
                                   ["--deadline", "nan", "hsdp.py"], ["--nnodes", "100", "--nproc-per-node", "100",
                                                                      "hsdp.py"],

@@ -130,7 +130,8 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     _die_with_parent()
     _watch_lifeline(lifeline)
     _name_process(f"meshsim-r{spec.rank}")
-    warnings.simplefilter("ignore")  # torch's deprecation chatter from 8 ranks would bury the report
+    if not spec.script:  # a script's warnings are its own, shown as under torchrun; in a plan they are torch's
+        warnings.simplefilter("ignore")  # deprecation chatter from 8 ranks, which would bury the report
     from ..spec.topology import Topology
 
     topology = Topology(spec.hosts, spec.devices_per_host)

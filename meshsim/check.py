@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from .core import deadlines
 from .core.outcome import HANG, UNDEFINED
@@ -87,6 +88,20 @@ def _default_deadline(executor: Any) -> float:
     return float(found) if found is not None else deadlines.plan(executor.tier, executor.world)
 
 
+_PASSED: WeakKeyDictionary[Any, dict[Any, Verdict]] = WeakKeyDictionary()
+
+
+def passed_here(executor: Any) -> dict[Any, Verdict]:
+    """Verdicts of plans that passed on this executor since it last ran a user's function, by whatever key the
+    caller gives (a sweep: the plan, strict, deadline): what a plan leaves on the ranks is destroyed after it, but a
+    function may change torch on them (a seeded bug), so its run forgets them."""
+    executor = getattr(executor, "executor", executor)  # a Cluster: its executor, which the pytest plugin shares
+    found = _PASSED.get(executor)
+    if found is None:
+        found = _PASSED[executor] = {}
+    return found
+
+
 def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,
                  deadline: float | None = None) -> Verdict:
     """fn(*args, **kwargs) on every rank of the executor, under a deadline (default deadlines.FUNCTION_S).
@@ -97,5 +112,6 @@ def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | N
 
     deadline = deadlines.checked(deadlines.FUNCTION_S if deadline is None else deadline)
     payload = bytes(ForkingPickler.dumps((fn, args, kwargs or {})))
+    _PASSED.pop(getattr(executor, "executor", executor), None)
     record = executor.execute(RunFunction(payload, deadline))
     return judge(record, "function", topology=getattr(executor, "topology", None))

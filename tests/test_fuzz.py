@@ -56,6 +56,23 @@ def test_the_same_seed_draws_the_same_plans(meshsim_pool):
     assert first == plans_for(11) and first != plans_for(12)
 
 
+def test_a_second_sweep_counts_the_matrix_plans_its_cluster_passed_without_running_them_until_user_code_runs(
+        meshsim_pool):
+    from meshsim.sweep.strategies import matrix_plans
+
+    cluster = meshsim_pool.get("1x2")
+    matrix = len(matrix_plans(cluster.world))
+    cluster.run_fn(lambda: None)  # user code may change torch on the ranks: what passed before is forgotten
+    first = fuzz(cluster, matrix + 1, seed=4)
+    again = fuzz(cluster, matrix + 1, seed=4)
+    assert first.passed and again.passed and first.examples == again.examples == matrix + 1
+    assert not any("not run again" in note for note in first.notes)
+    assert f"{matrix} of the {matrix} matrix plans passed on this cluster earlier" in " ".join(again.notes)
+    assert again.elapsed < first.elapsed
+    cluster.run_fn(lambda: None)
+    assert not any("not run again" in note for note in fuzz(cluster, matrix + 1, seed=4).notes)
+
+
 def test_fuzz_bad_usage_exits_2():
     for args in (["fuzz", "--examples", "0"], ["fuzz", "--hosts", "two"], ["fuzz", "--backend", "mpi"]):
         out = meshsim_cli(*args)

@@ -15,7 +15,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
-from ..check import check
+from ..check import check, passed_here
 from ..core import deadlines
 from ..core.errors import ClusterError
 from ..core.outcome import HANG, PASS, UNDEFINED
@@ -127,7 +127,9 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float |
         deadline = getattr(cluster, "deadline", None) or deadlines.plan(tier, cluster.world)
     if expected_hang_deadline is None:
         expected_hang_deadline = deadlines.expected_hang(tier, cluster.world)
-    sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example)
+    runs_dtensor = capabilities(tier).dtensor
+    first = matrix_plans(cluster.world)[:max(0, examples - 1)] if runs_dtensor and cluster.world > 1 else []
+    sweep = _Sweep(cluster, deadline, strict, expected_hang_deadline, shrink_budget, on_example, first)
     report = sweep.report
     prepare_spare = getattr(cluster, "prepare_spare", None)
     if prepare_spare is not None:  # a sweep meets plans that hang (the matrix's undefined cells, divergent plans, bugs)
@@ -136,8 +138,6 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float |
                      platform=cluster.platform)
     if divergent:
         strategy = st.one_of(strategy, divergent_plans(sweep.world))
-    runs_dtensor = capabilities(tier).dtensor
-    first = matrix_plans(sweep.world)[:max(0, examples - 1)] if runs_dtensor and sweep.world > 1 else []
     for chunk, count in enumerate(_chunks(examples - len(first))):  # the matrix plans count among the examples
         test = given(strategy)(sweep.torch_agrees_with_model)
         for plan in first if chunk == 0 else []:  # run first: every cell of the matrix, every derived mesh
@@ -162,6 +162,9 @@ def fuzz(cluster: Any, examples: int, seed: int | None = None, deadline: float |
     if report.failure is not None and report.failure.plan in first:  # Hypothesis does not shrink explicit ones
         report.failure = sweep.shrink_steps(report.failure)
     report.elapsed = time.monotonic() - sweep.started
+    if sweep.reused:
+        report.notes.append(f"{sweep.reused} of the {len(first)} matrix plans passed on this cluster earlier in this "
+                            f"process (same torch, deadline and strictness): counted as passed, not run again")
     _settle(report, cluster, deadline, strict)
     topology = cluster.topology
     if report.failure is not None and getattr(cluster, "tier", "process") != "process":
@@ -177,23 +180,38 @@ class _Sweep:
     """One sweep on one cluster: runs a plan against the model (counting it in the report), and shrinks."""
 
     def __init__(self, cluster: Any, deadline: float, strict: bool, expected_hang_deadline: float,
-                 shrink_budget: float, on_example: Callable[[FuzzReport, Any], None] | None):
+                 shrink_budget: float, on_example: Callable[[FuzzReport, Any], None] | None, matrix: list[Plan]):
         self.cluster, self.world, self.deadline, self.strict = cluster, cluster.world, deadline, strict
         self.expected_hang_deadline, self.on_example = expected_hang_deadline, on_example
         self.report = FuzzReport(cluster.topology)
         self.report.shrinking = self.shrink = Shrinking(shrink_budget)
         self.started = time.monotonic()
+        # The matrix is the same in every sweep: a cluster that passed a matrix plan (a pytest session's, the
+        # bench's) need not run it again in the next sweep. Generated plans always run, and every plan runs where
+        # the ranks measure torch's coverage (what a plan reaches is the point there).
+        measured = getattr(cluster, "coverage_dir", None) is not None
+        self.matrix = set() if measured else {plan.to_json() for plan in matrix}
+        self.passed = passed_here(cluster)
+        self.reused = 0
 
     def attempt(self, plan: Any) -> Any:
         """Run `plan` against the model (it predicts while the ranks run), count it, and remember it when it fails.
         A plan the model says hangs gets the shorter deadline; while a hang is shrunk, every candidate does."""
         shrink = self.shrink
         wait = self.deadline if shrink.hang_wait is None else min(self.deadline, shrink.hang_wait)
-        try:
-            result = check(self.cluster, plan, wait, strict=self.strict, hang_deadline=self.expected_hang_deadline,
-                           hangs=True if shrink.hang_wait is not None else None)
-        except ClusterError as exc:
-            raise Interrupted(exc) from None
+        key = (plan.to_json(), wait, self.strict) if plan.to_json() in self.matrix else None
+        result = self.passed.get(key) if key is not None else None
+        if result is not None:
+            self.reused += 1
+        else:
+            try:
+                result = check(self.cluster, plan, wait, strict=self.strict,
+                               hang_deadline=self.expected_hang_deadline,
+                               hangs=True if shrink.hang_wait is not None else None)
+            except ClusterError as exc:
+                raise Interrupted(exc) from None
+            if key is not None and result.passed:
+                self.passed[key] = result
         _count(self.report, plan, result)
         if self.on_example is not None:
             self.on_example(self.report, result)

@@ -70,7 +70,8 @@ class Stat:
     def add(self, amount: int) -> None:
         self.current += amount
         self.allocated += amount
-        self.peak = max(self.peak, self.current)
+        if self.current > self.peak:
+            self.peak = self.current
 
     def remove(self, amount: int) -> None:
         self.current -= amount
@@ -81,10 +82,15 @@ class Stat:
 class Pool:
     segments: list[int] = field(default_factory=list)  # the sizes of its reserved segments
     allocated: int = 0
+    reserved: int = 0  # sum(segments), kept as they change: every allocation asks what is cached
 
-    @property
-    def reserved(self) -> int:
-        return sum(self.segments)
+    def add_segment(self, size: int) -> None:
+        self.segments.append(size)
+        self.reserved += size
+
+    def release_segment(self, size: int) -> None:
+        self.segments.remove(size)
+        self.reserved -= size
 
     @property
     def cached(self) -> int:
@@ -125,10 +131,14 @@ class Allocator:
     def reserved(self) -> int:
         return sum(p.reserved for p in self.pools.values())
 
-    def _count(self, kind: str, pool: str, amount: int) -> None:
-        for where in ("all", pool):
-            stat = self.stats[(kind, where)]
-            stat.add(amount) if amount >= 0 else stat.remove(-amount)
+    def _count(self, kinds: tuple[str, ...], pool: str, amount: int) -> None:
+        stats = self.stats
+        for kind in kinds:
+            for stat in (stats[(kind, "all")], stats[(kind, pool)]):
+                if amount >= 0:
+                    stat.add(amount)
+                else:
+                    stat.remove(-amount)
 
     def allocate(self, size: int) -> int:
         """Account a request of `size` bytes; returns its block size. OutOfMemory where CUDA would fail."""
@@ -140,11 +150,9 @@ class Allocator:
         if pool.cached < block:
             self._reserve(name, segment_for(block), block, size)
         pool.allocated += block
-        for kind in ("allocation", "active"):
-            self._count(kind, name, 1)
-        for kind in ("allocated_bytes", "active_bytes"):
-            self._count(kind, name, block)
-        self._count("requested_bytes", name, size)
+        self._count(("allocation", "active"), name, 1)
+        self._count(("allocated_bytes", "active_bytes"), name, block)
+        self._count(("requested_bytes",), name, size)
         return block
 
     def check(self, size: int) -> None:
@@ -165,10 +173,10 @@ class Allocator:
 
     def _reserve(self, name: str, segment: int, block: int, size: int) -> None:
         self._make_room(segment, size)
-        self.pools[name].segments.append(segment)
+        self.pools[name].add_segment(segment)
         self.device_allocs += 1
-        self._count("segment", name, 1)
-        self._count("reserved_bytes", name, segment)
+        self._count(("segment",), name, 1)
+        self._count(("reserved_bytes",), name, segment)
 
     def free(self, size: int) -> None:
         """Return a request of `size` bytes (as given to allocate) to its pool's cache."""
@@ -177,21 +185,19 @@ class Allocator:
         block = round_size(size)
         name = pool_of(block)
         self.pools[name].allocated -= block
-        for kind in ("allocation", "active"):
-            self._count(kind, name, -1)
-        for kind in ("allocated_bytes", "active_bytes"):
-            self._count(kind, name, -block)
-        self._count("requested_bytes", name, -size)
+        self._count(("allocation", "active"), name, -1)
+        self._count(("allocated_bytes", "active_bytes"), name, -block)
+        self._count(("requested_bytes",), name, -size)
 
     def empty_cache(self) -> None:
         """Release the cached segments each pool can give back whole (largest first)."""
         for name, pool in self.pools.items():
             for segment in sorted(pool.segments, reverse=True):
                 if pool.cached >= segment:
-                    pool.segments.remove(segment)
+                    pool.release_segment(segment)
                     self.device_frees += 1
-                    self._count("segment", name, -1)
-                    self._count("reserved_bytes", name, -segment)
+                    self._count(("segment",), name, -1)
+                    self._count(("reserved_bytes",), name, -segment)
 
     def reset_peaks(self) -> None:
         for stat in self.stats.values():

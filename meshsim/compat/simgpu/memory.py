@@ -57,8 +57,9 @@ def _device(device: Any) -> int:
 
 # ------------------------------------------------------------------------------------------------ counting storages
 
-def _count(storage: Any, device: int, where: str = "") -> None:
-    """Count `storage` on simulated GPU `device` (once: a storage already counted stays where it is)."""
+def _count(storage: Any, device: int, where: Any = "") -> None:
+    """Count `storage` on simulated GPU `device` (once: a storage already counted stays where it is). `where`: what
+    allocates it (an operator), named only if it does not fit."""
     key = storage._cdata
     if key in Books.storages or storage.device.type != "cpu":
         return
@@ -66,7 +67,7 @@ def _count(storage: Any, device: int, where: str = "") -> None:
     try:
         allocator(device).allocate(size)
     except OutOfMemory as exc:
-        raise _oom(exc.message, device, where) from None
+        raise _oom(exc.message, device, str(where)) from None
     Books.storages[key] = (device, size)
     weakref.finalize(storage, _release, key)
 
@@ -86,7 +87,7 @@ def _release(key: int) -> None:
         allocator(device).free(size)
 
 
-def _resized(storage: Any, where: str = "") -> None:
+def _resized(storage: Any, where: Any = "") -> None:
     """A counted storage that changed size (resize_): its old bytes freed, its new ones allocated."""
     entry = Books.storages.get(storage._cdata)
     if entry is None:
@@ -101,7 +102,7 @@ def _resized(storage: Any, where: str = "") -> None:
     try:
         books.allocate(new)
     except OutOfMemory as exc:
-        raise _oom(exc.message, device, where) from None
+        raise _oom(exc.message, device, str(where)) from None
     Books.storages[storage._cdata] = (device, new)
 
 
@@ -119,6 +120,8 @@ def _storages(tensor: Any) -> list[Any]:
     import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # nearly every operand: no subclass to
+        return [tensor.untyped_storage()] if tensor.is_cpu else []  # look into (this runs for every operator)
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
         inner = [getattr(tensor, name) for name in names]  # (a subclass may name a non-tensor, as a mesh)
@@ -198,12 +201,12 @@ def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         targets = [t for i, name in written for t in _tensors(args[i] if i < len(args) else kwargs.get(name))]
         for tensor in targets:
             for storage in _storages(tensor):
-                _resized(storage, str(func))  # resize_, set_, a collective into a freed buffer
+                _resized(storage, func)  # resize_, set_, a collective into a freed buffer
     if device is None:
         return
     for tensor in targets:
         for storage in _storages(tensor):
-            _count(storage, device, str(func))
+            _count(storage, device, func)
 
 
 _COPIES = {"copy_.default", "copy_", "_copy_from.default", "set_.source_Storage", "set_.source_Storage_storage_offset",

@@ -10,7 +10,8 @@ What a script sees on a rank of host h (D = LOCAL_WORLD_SIZE), and where each pa
 - rng.py: CUDA's (seed, offset) generators, which DTensor's random ops follow as on GPUs;
 - amp.py: autocast("cuda") is real mixed precision on the CPU;
 - collectives.py: "nccl" groups are gloo groups that keep NCCL's contract; DDP's device ids are checked;
-- parallel.py: FSDP2 and DTensor (attention) run as on a GPU cluster.
+- parallel.py: FSDP2 and DTensor (attention) run as on a GPU cluster;
+- attention.py: CUDA's attention kernels, computed with the CPU's, for context parallelism's ring attention.
 Anything of torch.cuda meshsim does not simulate raises SimulatedGPUError naming the API: never a silent wrong
 answer. Tensors report device cpu.
 """
@@ -20,14 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import patching
-from . import amp, collectives, devices, memory, parallel, placement, rng  # noqa: F401 -- importing registers them
+from . import amp, attention, collectives, devices, memory, parallel, placement, rng  # noqa: F401 -- importing registers them
 from .state import SimulatedGPUError, State
 
 __all__ = ["SimulatedGPUError", "install", "PATCHES"]
 
 # Installed in this order (the modules import torch only when a patch is installed).
 PATCHES = ("simgpu.devices", "simgpu.rng", "simgpu.placement", "simgpu.memory", "simgpu.amp", *collectives.PATCHES,
-           "simgpu.parallel")
+           "simgpu.parallel", "simgpu.attention")
 
 
 def install(gpus: int, gpu: Any = None) -> None:

@@ -120,39 +120,39 @@ def _capturable_optimizers() -> None:
         setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
 
 
-CONTEXT_PARALLEL_WHY = ("context parallelism's ring attention runs CUDA's SDPA kernels (flash, efficient, cuDNN); a "
-                        "simulated GPU computes SDPA with the CPU's kernel, which ring attention does not take, so "
-                        "each rank would attend over its own shard alone: run without it (torchtitan: "
-                        "--parallelism.context_parallel_degree 1)")
+FLEX_WHY = ("flex attention does not run on simulated GPUs (torch has no CPU backward for it, and the simulated "
+            "GPUs' memory accounting does not take its higher-order operator); context parallelism runs with "
+            "scaled_dot_product_attention here (torchtitan: a model flavor without flex attention)")
 _CONTEXT_PARALLEL = ("torch.distributed.tensor.experimental._context_parallel._attention",
                      "torch.distributed.tensor.experimental._attention")
 
 
-def _context_parallel_refused() -> None:
-    """Context parallelism refuses in one line, where it would fail later with shapes that do not match."""
-    from .state import refusal, refused
+def _flex_context_parallel_refused() -> None:
+    """Context parallelism for flex attention refuses in one line where flex attention would fail deep inside
+    torch. For SDPA it runs: attention.py gives ring attention CUDA's attention kernels."""
+    from .state import refusal
 
     for name in _CONTEXT_PARALLEL:
         try:
             module = importlib.import_module(name)
         except ImportError:  # a release without it
             continue
-        for function in ("_enable_context_parallel_dispatcher", "context_parallel"):
-            if callable(getattr(module, function, None)):
-                setattr(module, function, refused(f"{name}.{function}", CONTEXT_PARALLEL_WHY))
         style = getattr(module, "_ContextParallel", None)
         if isinstance(style, type) and not getattr(style, "meshsim", False):
 
-            api = f"{name}._ContextParallel"
+            api = f"{name}._ContextParallel(attention_type=FLEX)"
 
-            # a subclass, so that what torchtitan reads off the class first (AttentionType) is still there
-            class Refused(style):  # type: ignore[misc,valid-type]
+            # a subclass, so that what torch and torchtitan read off the class (AttentionType) is still there
+            class SdpaOnly(style):  # type: ignore[misc,valid-type]
                 meshsim = True
 
                 def __init__(self, *args: Any, api: str = api, **kwargs: Any) -> None:
-                    raise refusal(api, CONTEXT_PARALLEL_WHY)
+                    kind = kwargs.get("attention_type", args[1] if len(args) > 1 else None)
+                    if kind == self.AttentionType.FLEX:
+                        raise refusal(api, FLEX_WHY)
+                    super().__init__(*args, **kwargs)
 
-            module._ContextParallel = Refused  # type: ignore[attr-defined]
+            module._ContextParallel = SdpaOnly  # type: ignore[attr-defined]
 
 
 @patch("simgpu.parallel", "FSDP's device, DTensor's attention and shape propagation on simulated GPU meshes",
@@ -165,4 +165,4 @@ def install() -> None:
     _capturable_optimizers()
     _attention_strategies()
     _sharding_propagation_on_cpu()
-    _context_parallel_refused()
+    _flex_context_parallel_refused()

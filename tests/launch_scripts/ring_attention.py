@@ -180,4 +180,18 @@ def cuda_operators_give_the_cpu_math():
     return found
 
 
+@check
+def flex_attention_runs_eagerly_as_attention():
+    """FlexAttention without CP, run eagerly (its dense implementation): the math of attention, its output counted
+    on the GPU; its backward is torch's own one-line refusal on a CPU kernel."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = _qkv(torch.float32, length=40)
+    before = torch.cuda.memory_allocated()
+    out = flex_attention(q, k, v)
+    counted = torch.cuda.memory_allocated() - before >= out.numel() * out.element_size()
+    grad = raises(lambda: flex_attention(*(t.requires_grad_() for t in (q, k, v))).sum().backward())
+    return {"apart": _apart([out], [_math(q, k, v, False)[0]])[0], "counted": counted, "backward": grad}
+
+
 report(900)

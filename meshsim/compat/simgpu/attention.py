@@ -235,3 +235,17 @@ def install() -> None:
     if not getattr(F.scaled_dot_product_attention, "meshsim", False):
         wrap(F, "scaled_dot_product_attention", _sdpa)
         F.scaled_dot_product_attention.meshsim = True  # type: ignore[attr-defined]
+    _flex_attention_eager_only()
+
+
+def _flex_attention_eager_only() -> None:
+    """Flex attention called outside torch.compile still compiles its higher-order operator (fullgraph, a backend
+    that only traces), and dynamo refuses to trace beside a non-infra dispatch mode (the simulated GPUs' memory
+    accounting) with a page of skipped frames. torch's own switch for that step calls the operator directly: the
+    same dense implementation the traced one runs."""
+    try:
+        import torch.nn.attention.flex_attention as flex
+    except ImportError:  # a release without it
+        return
+    if hasattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"):
+        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True

@@ -180,8 +180,9 @@ _WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}  # operator -> its argument
 def _written(func: Any) -> tuple[tuple[int, str], ...]:
     found = _WRITES.get(func)
     if found is None:
-        found = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
-                      if a.alias_info is not None and a.alias_info.is_write)
+        schema = getattr(func, "_schema", None)  # a higher-order operator has none: it returns new tensors
+        found = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                      if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
         _WRITES[func] = found
     return found
 
@@ -220,6 +221,10 @@ def _mode() -> Any:
 
     class DeviceMemory(TorchDispatchMode):
         """Counts what every operator puts on a simulated GPU (see the module's docstring)."""
+
+        # Higher-order operators (flex attention run eagerly) pass through here too: they run as torch runs them
+        # without a mode (their dense CPU implementation), and what they return is counted, not their inner steps.
+        supports_higher_order_operators = True
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}

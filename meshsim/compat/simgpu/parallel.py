@@ -120,9 +120,9 @@ def _capturable_optimizers() -> None:
         setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
 
 
-FLEX_WHY = ("flex attention does not run on simulated GPUs (torch has no CPU backward for it, and the simulated "
-            "GPUs' memory accounting does not take its higher-order operator); context parallelism runs with "
-            "scaled_dot_product_attention here (torchtitan: a model flavor without flex attention)")
+FLEX_WHY = ("flex attention runs on simulated GPUs eagerly only, forward only (torch has no CPU backward for it); "
+            "context parallelism runs with scaled_dot_product_attention here (torchtitan: a model flavor without "
+            "flex attention)")
 _CONTEXT_PARALLEL = ("torch.distributed.tensor.experimental._context_parallel._attention",
                      "torch.distributed.tensor.experimental._attention")
 

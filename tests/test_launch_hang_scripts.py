@@ -59,6 +59,9 @@ CASES = [
     ("hand_built_tp_groups_off_by_one", (2, 4), [3, 7], MISMATCHED, None),
     ("pipeline_grads_on_forward_tags", (2, 2), [0, 1], KINDS["tag"], None),
     ("cached_global_batch", (2, 4), [6, 7], MISMATCHED, "dp"),
+    # a cycle behind a call no other rank makes: the call's makers, not the cycle (its partners wait behind it)
+    ("leader_world_metric", (2, 4), [2, 6], MISMATCHED, None),
+    ("extra_isend_ring", (2, 4), [5], MISMATCHED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -76,7 +79,7 @@ CASES = [
 PLAIN = {"return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wrong_size", "gather_object_one_rank",
          "pipeline_missing_send", "new_group_members_only", "barrier_skipped", "broadcast_object_one_rank",
          "busy_loop", "thread_join", "swallowed", "extra_barrier", "skip_in_loop_world",
-         "hand_built_tp_groups_off_by_one", "pipeline_grads_on_forward_tags"}
+         "hand_built_tp_groups_off_by_one", "pipeline_grads_on_forward_tags", "extra_isend_ring"}
 MODEL = {"ddp_uneven_inputs", "ddp_skip_backward", "fsdp2_skip_step", "dtensor_redistribute_skipped"}
 
 

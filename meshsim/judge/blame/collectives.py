@@ -13,7 +13,7 @@ from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
 from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
-from .siblings import added_alone, by_siblings, ended_without, on_another_group
+from .siblings import added_alone, added_off_the_path, by_siblings, ended_without, on_another_group
 from .tags import tag_causes
 
 
@@ -47,14 +47,20 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes.update(added_alone(states, ref, held))
     if not causes and upstream:  # (candidates explain waits too: no cycle where a rank may be elsewhere)
         causes.update(cycle_causes(states, order, held, upstream, divergent))
+        added = added_off_the_path(states, held)  # a cycle behind a call no other rank makes: that call
+    else:
+        added = {}
     causes.update(_added_at_the_end(states, ref, held, causes))
     if _decided(causes):
         causes.update(_skipped_behind(states, order, causes))
         causes.update(_skipped_ahead(states, order, held, causes))
     on_another_group(states, ref, held, causes)
     departing = image_causes(states)  # the whole program, through the cluster's symmetries, over one group's view
-    if departing and set(departing) != {r for r, c in causes.items() if not c.candidate}:
+    decided = {r for r, c in causes.items() if not c.candidate}
+    if departing and set(departing) != decided:
         causes = departing
+    elif not departing and added and set(added) < decided:
+        causes = added
     return _blamed(states, held, causes, unseen)
 
 

@@ -132,6 +132,34 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
     return found
 
 
+def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Where waits form a cycle that names more ranks than this: a minority of the world held at a line no other
+    rank reached, each waiting for members held on the program's common path (a line most of the world is held
+    at, or one these ranks passed before), made a call the others do not make (an extra all_reduce on the world
+    under `if leader`, one isend more than its peer receives); the rest of the cycle waits behind them."""
+    world = len(states)
+    found: dict[int, Cause] = {}
+    held_at: dict[Any, int] = {}
+    for c in held.values():
+        held_at[c.site] = held_at.get(c.site, 0) + 1
+    for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
+        inside = {r for r, c in held.items() if c.site == site}
+        if 2 * len(inside) >= world or any(entry[0] == site for s in states if s.rank not in inside
+                                            for entry in s.call_log.values()):
+            continue
+        passed = {entry[0] for r in inside for entry in states[r].call_log.values()}
+        for r in sorted(inside):
+            call = held[r]
+            waited = [m for m in call.ranks if m < world and m not in inside]
+            if waited and all((o := held.get(m)) is not None and o.site is not None
+                              and (o.site in passed or 2 * held_at[o.site] > world) for m in waited):
+                found[r] = Cause(r, KINDS["mismatched"], (
+                    f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
+                    f"{group_text(call.ranks)} at {site_text(site)}, a line no other rank reached, while ranks "
+                    f"{ranks_text(waited)} it waits for are held where the others are"), call.group, call.seq)
+    return found
+
+
 def on_another_group(states: list[RankState], ref: Reference, held: dict[int, CallBegun],
                      causes: dict[int, Cause]) -> None:
     """A culprit that added a call on one part, made where its peers make the same call on another part that

@@ -15,6 +15,7 @@ and its next like this one, its count against its siblings' tells a call fewer f
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ...core.outcome import KINDS
@@ -114,7 +115,7 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
     found: dict[int, Cause] = {}
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        alone = not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
+        alone = _reached_only_by(states, site, inside)
         for r in sorted(inside):
             call = held[r]
             part = ref.part(call.group)
@@ -139,13 +140,10 @@ def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> d
     under `if leader`, one isend more than its peer receives); the rest of the cycle waits behind them."""
     world = len(states)
     found: dict[int, Cause] = {}
-    held_at: dict[Any, int] = {}
-    for c in held.values():
-        held_at[c.site] = held_at.get(c.site, 0) + 1
+    held_at = Counter(c.site for c in held.values())
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        if 2 * len(inside) >= world or any(entry[0] == site for s in states if s.rank not in inside
-                                            for entry in s.call_log.values()):
+        if 2 * len(inside) >= world or not _reached_only_by(states, site, inside):
             continue
         passed = {entry[0] for r in inside for entry in states[r].call_log.values()}
         for r in sorted(inside):
@@ -158,6 +156,11 @@ def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> d
                     f"{group_text(call.ranks)} at {site_text(site)}, a line no other rank reached, while ranks "
                     f"{ranks_text(waited)} it waits for are held where the others are"), call.group, call.seq)
     return found
+
+
+def _reached_only_by(states: list[RankState], site: Any, inside: set[int]) -> bool:
+    """No rank but these made a call at this line (or plan step)."""
+    return not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
 
 
 def on_another_group(states: list[RankState], ref: Reference, held: dict[int, CallBegun],

@@ -199,7 +199,8 @@ class _Sweep:
         A plan the model says hangs gets the shorter deadline; while a hang is shrunk, every candidate does."""
         shrink = self.shrink
         wait = self.deadline if shrink.hang_wait is None else min(self.deadline, shrink.hang_wait)
-        key = (plan.to_json(), wait, self.strict) if plan.to_json() in self.matrix else None
+        text = plan.to_json()
+        key = (text, wait, self.strict) if text in self.matrix else None
         result = self.passed.get(key) if key is not None else None
         if result is not None:
             self.reused += 1
@@ -219,7 +220,7 @@ class _Sweep:
             if shrink.started is None:
                 self.report.time_to_failure = time.monotonic() - self.started
                 shrink.begin(result, self.expected_hang_deadline)
-            shrink.failures[plan.to_json()] = result
+            shrink.failures[text] = result
         return result
 
     def torch_agrees_with_model(self, plan: Any) -> None:

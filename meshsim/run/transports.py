@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
+from ..compat.patching import arguments
 from ..compat.progress import current
 from ..core.wire import FINISHED
 
@@ -83,12 +84,13 @@ def install(transports: Transports) -> None:
     base = c10d.ProcessGroupGloo
     kept_class = _kept_class(base)
     original = c10d._new_process_group_helper
-    argument = _arguments(original)
+    defaults = {name: p.default for name, p in inspect.signature(original).parameters.items()
+                if p.default is not inspect.Parameter.empty}
 
     def helper(*args: Any, **kwargs: Any) -> Any:
         if _active is None or not _active.on:
             return original(*args, **kwargs)
-        members, connects = _key(lambda name: argument(name, args, kwargs))
+        members, connects = _key({**defaults, **arguments(original, args, kwargs)})
         if members is None:
             if connects:  # a backend of its own: its connect holds the GIL, so say where the rank is first
                 current().flush()
@@ -106,31 +108,16 @@ def install(transports: Transports) -> None:
     c10d._new_process_group_helper = helper
 
 
-def _arguments(function: Any) -> Any:
-    """argument(name, args, kwargs): what a call of `function` passed for `name` (inspect's bind, a tenth as dear:
-    torch calls the helper for every group, on every rank)."""
-    parameters = inspect.signature(function).parameters
-    positions = {name: (index, parameter.default) for index, (name, parameter) in enumerate(parameters.items())}
-
-    def argument(name: str, args: tuple, kwargs: dict) -> Any:
-        index, default = positions[name]
-        if name in kwargs:
-            return kwargs[name]
-        return args[index] if index < len(args) else (None if default is inspect.Parameter.empty else default)
-
-    return argument
-
-
-def _key(argument: Any) -> tuple[tuple[tuple[int, ...], float] | None, bool]:
+def _key(call: dict[str, Any]) -> tuple[tuple[tuple[int, ...], float] | None, bool]:
     """The transport a group may share (a gloo subgroup this rank is a member of, with no options of its own), and
     whether this rank connects a backend for the group (a member; a subgroup's ranks, or the world)."""
     import torch.distributed as dist
 
-    ranks = argument("global_ranks_in_group")
+    ranks = call.get("global_ranks_in_group")
     if not ranks or dist.get_rank() not in ranks:
         return None, not ranks
-    timeout = argument("timeout")
-    if timeout is None or argument("backend_options") is not None or str(argument("backend")) != "gloo":
+    timeout = call.get("timeout")
+    if timeout is None or call.get("backend_options") is not None or str(call.get("backend")) != "gloo":
         return None, True
     return (tuple(ranks), float(timeout.total_seconds())), True
 

@@ -95,11 +95,11 @@ def passed_here(executor: Any) -> dict[Any, Verdict]:
     """Verdicts of plans that passed on this executor since it last ran a user's function, by whatever key the
     caller gives (a sweep: the plan, strict, deadline): what a plan leaves on the ranks is destroyed after it, but a
     function may change torch on them (a seeded bug), so its run forgets them."""
-    executor = getattr(executor, "executor", executor)  # a Cluster: its executor, which the pytest plugin shares
-    found = _PASSED.get(executor)
-    if found is None:
-        found = _PASSED[executor] = {}
-    return found
+    return _PASSED.setdefault(_executor_of(executor), {})
+
+
+def _executor_of(cluster: Any) -> Any:
+    return getattr(cluster, "executor", cluster)  # a Cluster: its executor, which the pytest plugin shares
 
 
 def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | None = None,
@@ -112,6 +112,6 @@ def run_function(executor: Any, fn: Callable, args: tuple = (), kwargs: dict | N
 
     deadline = deadlines.checked(deadlines.FUNCTION_S if deadline is None else deadline)
     payload = bytes(ForkingPickler.dumps((fn, args, kwargs or {})))
-    _PASSED.pop(getattr(executor, "executor", executor), None)
+    _PASSED.pop(_executor_of(executor), None)
     record = executor.execute(RunFunction(payload, deadline))
     return judge(record, "function", topology=getattr(executor, "topology", None))

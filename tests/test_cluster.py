@@ -373,3 +373,18 @@ def test_a_rank_that_exits_mid_plan_is_placed_at_the_step_it_died_in(meshsim_clu
     result = meshsim_cluster.run(plan, deadline=60)
     assert result.outcome == "crash" and result.culprits == [3]
     assert result.record.states[3].step == 2  # its held progress went out before the process ended
+
+
+def test_a_failure_of_the_culprit_rule_itself_is_a_diagnosis_without_culprits_not_a_traceback(meshsim_cluster,
+                                                                                              monkeypatch):
+    import meshsim.judge.diagnose as diagnose
+
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(diagnose, "blame", broken)
+    plan = Plan((M2, S("all_reduce", mesh="m", dim="tp", skip_on=[5]), S("check", mesh="m")))
+    result = meshsim_cluster.run(plan, deadline=3)
+    assert result.outcome == "hang" and result.culprits == []
+    assert "culprit rule failed on this record (IndexError: list index out of range)" in result.diagnosis.summary
+    assert {4, 6, 7} <= {w.rank for w in result.diagnosis.waits}  # the waits are still reported

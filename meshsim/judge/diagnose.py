@@ -16,7 +16,7 @@ from ..core.ranks import group_text, ranks_text
 from ..core.record import RankState, RunRecord
 from ..core.wire import DIED, RAISED
 from ..model import torch_side
-from .blame import Cause, blame, blocked_call, missing_from
+from .blame import Blame, Cause, blame, blocked_call, missing_from
 
 __all__ = ["KINDS", "Diagnosis", "Wait", "diagnose", "headline_wait"]
 
@@ -93,7 +93,11 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
         divergent = divergent_ranks(plan, record.world)
     sizes = sorted({r for _, odd in prediction.mismatched for r in odd}) if prediction is not None else []
     collided = prediction.collided if prediction is not None else []
-    found = blame(record, divergent, sizes, collided)
+    try:
+        found = blame(record, divergent, sizes, collided)
+    except Exception as exc:  # the culprit rule's own bug is a verdict too, never a traceback: no culprit named
+        found = Blame(KINDS["unknown"], [], f"meshsim's culprit rule failed on this record ({type(exc).__name__}: "
+                      f"{exc}); the waits are as recorded.")
     if record.classes is not None:  # the ranks of a culprit's class run as it does: culprits all
         found.culprits = record.classes.expand(found.culprits)
     note = found.note

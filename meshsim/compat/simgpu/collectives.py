@@ -274,7 +274,8 @@ def _patch_group_creation() -> None:
 
     if hasattr(c10d, "_get_split_source"):  # a bound group's subgroups split NCCL's communicators; gloo's cannot
         original_source = c10d._get_split_source
-        c10d._get_split_source = lambda pg: None if is_nccl(pg) else original_source(pg)
+        # torch 2.15 passes the requested backend too (pg, backend): whatever follows the group is passed on
+        c10d._get_split_source = lambda pg, *rest: None if is_nccl(pg) else original_source(pg, *rest)
     split_group = _split_group(c10d.split_group, new_group) if hasattr(c10d, "split_group") else None
     if split_group is not None:
         c10d.split_group = dist.split_group = split_group

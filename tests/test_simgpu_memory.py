@@ -44,6 +44,12 @@ def test_a_block_is_rounded_to_512_bytes_in_cudas_segments_and_the_cache_is_rele
         assert figures["properties"] == [64 * MiB, "meshsim simulated GPU"] and figures["summary"]
 
 
+def test_a_copy_naming_the_cpu_that_a_gpu_tensor_reports_stays_on_its_gpu(checks):
+    for rank in checks:  # 1,000 bfloat16 elements: a 2,048-byte block; none for a host tensor's copy
+        assert rank["copies_that_name_their_own_device"] == {"type_as": 2048, "to_own_device": 2048,
+                                                            "host_type_as": 0}
+
+
 def test_memory_stats_has_the_keys_training_stacks_read(checks):
     keys = set(checks[0]["allocator_arithmetic"]["keys"])
     assert {"active_bytes.all.peak", "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms"} <= keys

@@ -91,6 +91,22 @@ def allocator_arithmetic():
             "summary": "PyTorch CUDA memory summary" in torch.cuda.memory_summary()}
 
 
+@check
+def copies_that_name_their_own_device():
+    """A GPU tensor reports device cpu, so type_as and to(x.device, dtype) name the CPU: the copy is on the
+    GPU (counted), as on a GPU; a host tensor's copy stays host memory."""
+    a, b = torch.randn(1000, device="cuda"), torch.zeros(1, device="cuda", dtype=torch.bfloat16)
+    host = torch.randn(1000)
+    found = {}
+    for name, make in [("type_as", lambda: a.type_as(b)), ("to_own_device", lambda: a.to(a.device, torch.bfloat16)),
+                       ("host_type_as", lambda: host.type_as(b))]:
+        before = torch.cuda.memory_allocated()
+        copy = make()
+        found[name] = torch.cuda.memory_allocated() - before
+        del copy
+    return found
+
+
 def _mlp(width=256, layers=4):
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])

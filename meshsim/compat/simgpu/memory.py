@@ -190,10 +190,11 @@ def _written(func: Any) -> tuple[tuple[int, str], ...]:
 def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """Count what an operator put on a simulated GPU: its outputs, and what it wrote into in place."""
     written = _written(func)
-    if "device" in kwargs and kwargs["device"] is not None:
-        if not is_gpu(kwargs["device"]):
-            return  # asked for the CPU (or meta): host memory
-        device: int | None = _device(kwargs["device"])
+    asked = kwargs.get("device")
+    if asked is not None and is_gpu(asked):
+        device: int | None = _device(asked)
+    elif asked is not None and not (func.__name__ in _STAYS and str(asked) == "cpu"):
+        return  # asked for the CPU (or meta): host memory
     else:
         inputs = [t for a in args for t in _tensors(a)] + [t for v in kwargs.values() for t in _tensors(v)]
         device = _device_of(inputs)
@@ -210,6 +211,9 @@ def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
             _count(storage, device, func)
 
 
+# A simulated GPU's tensor reports device cpu, so a copy that names its own device names the CPU: type_as (C++
+# passes the other tensor's device), to(x.device, dtype). It stays on the tensor's GPU, as .cpu() does.
+_STAYS = {"_to_copy.default"}
 _COPIES = {"copy_.default", "copy_", "_copy_from.default", "set_.source_Storage", "set_.source_Storage_storage_offset",
            "set_.source_Tensor", "set_.default"}  # a copy_ keeps its destination where it is
 

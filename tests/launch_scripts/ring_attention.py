@@ -183,15 +183,22 @@ def cuda_operators_give_the_cpu_math():
 @check
 def flex_attention_runs_eagerly_as_attention():
     """FlexAttention without CP, run eagerly (its dense implementation): the math of attention, its output counted
-    on the GPU; its backward is torch's own one-line refusal on a CPU kernel."""
+    on the GPU, and its backward (torch's dense one, as CUDA runs it eagerly) the gradients of that math; a query in
+    host memory keeps torch's own one-line refusal of a CPU backward."""
     from torch.nn.attention.flex_attention import flex_attention
 
     q, k, v = _qkv(torch.float32, length=40)
     before = torch.cuda.memory_allocated()
     out = flex_attention(q, k, v)
     counted = torch.cuda.memory_allocated() - before >= out.numel() * out.element_size()
-    grad = raises(lambda: flex_attention(*(t.requires_grad_() for t in (q, k, v))).sum().backward())
-    return {"apart": _apart([out], [_math(q, k, v, False)[0]])[0], "counted": counted, "backward": grad}
+    grads = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    flex_attention(*grads).sum().backward()
+    reference = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    _math(*reference, False)[0].sum().backward()
+    host = raises(lambda: flex_attention(*(torch.randn(2, 4, 40, 16, device="cpu", requires_grad=True)
+                                           for _ in range(3))).sum().backward())
+    return {"apart": _apart([out], [_math(q, k, v, False)[0]])[0], "counted": counted,
+            "grads": _apart([t.grad for t in grads], [t.grad for t in reference]), "host_backward": host}
 
 
 report(900)

@@ -249,3 +249,19 @@ def _flex_attention_eager_only() -> None:
         return
     if hasattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"):
         flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    if hasattr(flex, "_validate_device") and not getattr(flex._validate_device, "meshsim", False):
+        from ..patching import wrap
+
+        wrap(flex, "_validate_device", _flex_device_as_cuda)
+        flex._validate_device.meshsim = True  # type: ignore[attr-defined]
+
+
+def _flex_device_as_cuda(original: Any, query: Any, key: Any, value: Any) -> None:
+    """torch refuses flex attention's backward for CPU tensors because its CPU kernel (inductor's C++ template) has
+    none. On CUDA, flex attention run eagerly differentiates through torch's dense implementation, which is plain
+    tensor math that runs on the CPU as well: so a query on a simulated GPU is checked as CUDA's (no refusal), and
+    a query in host memory keeps torch's CPU check."""
+    from .memory import device_of
+
+    if device_of(query) is None:
+        original(query, key, value)

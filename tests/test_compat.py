@@ -1,11 +1,14 @@
 """Every patch meshsim makes to torch fits the installed torch; one that does not is one line naming the torch
 function and the release, before any rank runs user code (meshsim.compat)."""
 
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshsim.compat import Patch, problems, registered
 from meshsim.core import releases as versions
@@ -20,8 +23,9 @@ def test_every_patch_fits_the_installed_torch(name):
 
 
 def test_every_patch_installs_on_the_installed_torch_in_a_fresh_process():
-    code = ("from meshsim.compat import follow, progress, simgpu, patching, tiers\n"
+    code = ("from meshsim.compat import follow, memo, progress, simgpu, patching, tiers\n"
             "simgpu.install(4)\n"
+            "memo.install()\n"
             "follow.install(progress.Progress(lambda event: None))\n"
             "patching.install('fake.skip-non-member-groups', lambda: 0)\n"
             "patching.install('threaded.reduce-scatter-max-min')\n"
@@ -76,3 +80,41 @@ def test_a_torch_that_changed_a_patched_function_is_one_line_and_exit_2_before_a
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
     assert "torch.distributed.device_mesh.DeviceMesh.get_group" in lines[0] and "mesh_dim" in lines[0]
     assert versions.installed_text() in lines[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.data())
+def test_remembered_layout_arithmetic_answers_as_torch_computes_it(sizes, data):
+    """speed.layout-memo hands out torch's own answers: a layout's collapse, complement and cosize, and the
+    ranks remap_to_tensor gives, equal what the unremembered methods compute for any mesh, its slices and its
+    flattened dims (asked twice: the second answer is the remembered one)."""
+    import torch
+    from torch.distributed import _mesh_layout as layouts
+
+    from meshsim.compat import memo
+
+    memo.install()
+    mesh = layouts._MeshLayout.from_sizes_strides(tuple(sizes), tuple(int(math.prod(sizes[i + 1:]))
+                                                                     for i in range(len(sizes))))
+    start = data.draw(st.integers(0, len(sizes) - 1))
+    end = data.draw(st.integers(start + 1, len(sizes)))
+    asked = [mesh, layouts._MeshLayout(mesh[start:end].axes), mesh[start:end].collapse()]
+    world = math.prod(sizes) * data.draw(st.sampled_from([1, 2]))
+    for layout in asked:
+        for owner in (type(layout),):
+            for method, args in (("cosize", ()), ("complement", (world,)), ("collapse", ())):
+                remembered = vars(owner).get(method)
+                if remembered is None:
+                    continue
+                own = remembered.__wrapped__(layout, *args)
+                assert remembered(layout, *args) == own and remembered(layout, *args) == own
+    ranks = torch.arange(world)
+    torch_own = ranks.as_strided(*_strided(mesh, world)).reshape(-1, *mesh.top_level_sizes)
+    assert torch.equal(mesh.remap_to_tensor(ranks), torch_own)
+
+
+def _strided(layout, world):
+    """remap_to_tensor's own as_strided arguments, from the unremembered methods."""
+    flat = type(layout).collapse.__wrapped__(layout)
+    outer = type(flat).complement.__wrapped__(flat, world)
+    return outer.shape + flat.shape, outer.stride + flat.stride

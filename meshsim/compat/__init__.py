@@ -24,7 +24,7 @@ __all__ = ["PATCHES", "CompatError", "Patch", "beyond_known", "check", "problems
 
 def registered() -> dict[str, Patch]:
     """Every patch meshsim has, by name (importing the modules that define them registers them)."""
-    from . import follow, simgpu, tiers  # noqa: F401
+    from . import follow, memo, simgpu, tiers  # noqa: F401
 
     return dict(PATCHES)
 

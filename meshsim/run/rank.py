@@ -350,6 +350,7 @@ class RankSession:
         import torch.distributed.distributed_c10d as c10d
 
         from ..compat.follow import install
+        from ..compat.memo import install as remember_layouts
         from ..compat.progress import Progress
         from .interpreter import Interpreter
 
@@ -357,6 +358,7 @@ class RankSession:
         self.baseline = set(c10d._world.pg_map)
         self.progress = Progress(send, hold_s)
         install(self.progress)
+        remember_layouts()
         self.interpreter = (interpreter or Interpreter)(rank, world, device_type, self.progress)
         self.transports = transports  # gloo backends kept across plans (meshsim.run.transports), where asked
 

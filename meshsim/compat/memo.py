@@ -13,6 +13,8 @@ with the same inputs, once.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .patching import patch, wrap
@@ -52,16 +54,29 @@ def _remember(owner: type, method: str) -> None:
 
     wrap(owner, method, remembered)
     getattr(owner, method)._meshsim_memo = True
+    _originals[(owner, method)] = original
 
 
-_installed = False
+_originals: dict[tuple[type, str], Any] = {}
 
 
 def install() -> None:
     """Once a process (the thread tier's ranks share one)."""
-    global _installed
-    if not _installed:
+    if not _originals:
         from .patching import install as install_patch
 
         install_patch("speed.layout-memo")
-        _installed = True
+
+
+@contextmanager
+def unremembered() -> Iterator[None]:
+    """torch's own methods for a while: a benchmark's raw-torch anchor that runs in this process (the thread tier's
+    baseline) must not borrow meshsim's memo."""
+    remembered = {key: getattr(key[0], key[1]) for key in _originals}
+    for (owner, method), original in _originals.items():
+        setattr(owner, method, original)
+    try:
+        yield
+    finally:
+        for (owner, method), wrapper in remembered.items():
+            setattr(owner, method, wrapper)

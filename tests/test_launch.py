@@ -68,13 +68,6 @@ def test_an_api_meshsim_does_not_simulate_raises_naming_it():
     assert ranks == [0, 1] and "torch.cuda.list_gpu_processes" in title and "does not simulate" in title
 
 
-def test_context_parallelism_for_flex_attention_refuses_in_one_line_naming_the_way_out():
-    result = launch(os.path.join(SCRIPTS, "context_parallel.py"), Topology(1, 2), deadline=60)
-    ((ranks, title, _),) = grouped_tracebacks(result)
-    assert ranks == [0, 1] and "_ContextParallel(attention_type=FLEX)" in title
-    assert "context_parallel.py:4" in result.report() and "scaled_dot_product_attention" in title
-
-
 def test_exit_codes_come_back_and_a_failing_rank_stops_the_others():
     out = meshsim_launch("--nproc-per-node", "2", os.path.join(SCRIPTS, "exits.py"))
     assert out.returncode == 1 and "exit codes by rank: 0:0, 1:3" in out.stderr

@@ -80,3 +80,8 @@ def test_flex_attention_runs_eagerly_on_a_simulated_gpu_as_the_math_of_attention
         found = rank["flex_attention_runs_eagerly_as_attention"]
         assert found["apart"] < FLOAT32 and found["counted"] and max(found["grads"]) < FLOAT32, found
         assert found["host_backward"].startswith("NotImplementedError: FlexAttention does not support backward"), found
+
+
+def test_flex_attention_under_context_parallelism_gives_full_flex_attentions_output_and_gradients(checks):
+    for rank in checks:
+        assert max(rank["flex_context_parallel_gives_full_flex_attention"]) < FLOAT32, rank

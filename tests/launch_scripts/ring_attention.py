@@ -180,6 +180,34 @@ def cuda_operators_give_the_cpu_math():
     return found
 
 
+class Flex(nn.Module):
+    """torchtitan's FlexAttention module: flex attention in a module, for _ContextParallel(FLEX) to wrap."""
+
+    def forward(self, q, k, v):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v)
+
+
+@check
+def flex_context_parallel_gives_full_flex_attention():
+    """_ContextParallel(FLEX) all-gathers K and V and reduce-scatters their gradients: each rank's block of the
+    output and gradients is full flex attention's (no mask: a block mask would need CP's own offsets)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = (t.requires_grad_() for t in _qkv(torch.float32, length=64))
+    full = flex_attention(q, k, v)
+    full.backward(_grad_of(full))
+    rank, size = MESH.get_local_rank(), MESH.size()
+    attention = parallelize_module(Flex(), MESH, _ContextParallel(
+        seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX))
+    blocks = [t.detach().chunk(size, dim=2)[rank].contiguous().requires_grad_() for t in (q, k, v)]
+    out = attention(*blocks)
+    out.backward(_grad_of(full).chunk(size, dim=2)[rank].contiguous())
+    reference = [t.chunk(size, dim=2)[rank] for t in (full.detach(), q.grad, k.grad, v.grad)]
+    return _apart([out.detach()] + [t.grad for t in blocks], reference)
+
+
 @check
 def flex_attention_runs_eagerly_as_attention():
     """FlexAttention without CP, run eagerly (its dense implementation): the math of attention, its output counted

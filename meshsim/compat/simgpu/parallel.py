@@ -120,41 +120,6 @@ def _capturable_optimizers() -> None:
         setattr(module, "_get_capturable_supported_devices", supported)  # noqa: B010
 
 
-FLEX_WHY = ("flex attention runs on simulated GPUs eagerly only, forward only (torch has no CPU backward for it); "
-            "context parallelism runs with scaled_dot_product_attention here (torchtitan: a model flavor without "
-            "flex attention)")
-_CONTEXT_PARALLEL = ("torch.distributed.tensor.experimental._context_parallel._attention",
-                     "torch.distributed.tensor.experimental._attention")
-
-
-def _flex_context_parallel_refused() -> None:
-    """Context parallelism for flex attention refuses in one line where flex attention would fail deep inside
-    torch. For SDPA it runs: attention.py gives ring attention CUDA's attention kernels."""
-    from .state import refusal
-
-    for name in _CONTEXT_PARALLEL:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # a release without it
-            continue
-        style = getattr(module, "_ContextParallel", None)
-        if isinstance(style, type) and not getattr(style, "meshsim", False):
-
-            api = f"{name}._ContextParallel(attention_type=FLEX)"
-
-            # a subclass, so that what torch and torchtitan read off the class (AttentionType) is still there
-            class SdpaOnly(style):  # type: ignore[misc,valid-type]
-                meshsim = True
-
-                def __init__(self, *args: Any, api: str = api, **kwargs: Any) -> None:
-                    kind = kwargs.get("attention_type", args[1] if len(args) > 1 else None)
-                    if kind == self.AttentionType.FLEX:
-                        raise refusal(api, FLEX_WHY)
-                    super().__init__(*args, **kwargs)
-
-            module._ContextParallel = SdpaOnly  # type: ignore[attr-defined]
-
-
 @patch("simgpu.parallel", "FSDP's device, DTensor's attention and shape propagation on simulated GPU meshes",
        targets=tuple(f"{module}.{name}" for module, name in FSDP_DEVICE) + (
            "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta",),
@@ -165,4 +130,3 @@ def install() -> None:
     _capturable_optimizers()
     _attention_strategies()
     _sharding_propagation_on_cpu()
-    _flex_context_parallel_refused()

@@ -470,3 +470,16 @@ def test_a_skipped_receive_replays_as_a_pair_that_waits_and_the_fix_makes_it_fin
     assert judge_scenario(scenario, result).matched and result.diagnosis.culprits == [3]
     fixed = parse(_fixed(replay.data))
     assert meshsim.run(fixed.plan, deadline=fixed.deadline).outcome == "pass"
+
+
+def test_a_rooted_collective_one_member_returned_from_still_holds_the_others():
+    """gloo's reduce lets a member that sent its part return while the root waits for a member that skipped the
+    call (ranks 3 and 6 skip a reduce on even/odd enumeration groups; rank 7 returned from it): the members still
+    in it (1 and 5) are held there, not taken to have gone on from a call that completed everywhere."""
+    from meshsim.replay.records import IN_FLIGHT
+
+    found = build(read_dir(os.path.join(DATA, "reduce_skipped_on_enumeration", "dumps")))
+    for rank in (1, 5):
+        held = found.ranks[rank].calls[-1]
+        assert (held.op, held.state) == ("reduce", IN_FLIGHT), held
+    assert found.ranks[7].calls[-1].op == "all_reduce"

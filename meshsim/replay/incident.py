@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from ..core.wire import ROOTED
 from .dumps import ReplayError
 from .meshes import meshes_and_world, name_order
 from .records import (
@@ -359,10 +360,13 @@ def _initial_groups(descs: dict[str, str], configured: dict, key_of: dict, ranks
 def _members_from_pg_ids(groups: dict[str, Group], ranks: dict[int, RankRecord], notes: list[str]) -> None:
     """A rank's pg_id counts the groups it is a member of, in the order they were made (the default group is
     0). Between two of its groups with pg_ids p < q it was a member of exactly q - p - 1 others; where the
-    only groups with names in between whose members are not all known are that many, it was in each of them."""
+    only groups with names in between whose members are not all known are that many, it was in each of them.
+    A name in between that no dump mentions is a group nobody called on: the rank may have been in it, so it
+    counts among the candidates (a mesh dim no rank used took the pg_id as often as a pair group did)."""
     open_groups = [g for g in groups.values() if not g.complete and g.name.isdigit()]
     if not open_groups:
         return
+    named = {int(g.name) for g in groups.values() if g.name.isdigit()}
     for rank, record in ranks.items():
         known = sorted((pg_id, groups[key]) for pg_id, key in record.pg_ids.items() if key in groups
                        and groups[key].name.isdigit())
@@ -370,7 +374,8 @@ def _members_from_pg_ids(groups: dict[str, Group], ranks: dict[int, RankRecord],
             between = [g for g in groups.values() if g.name.isdigit() and int(lo.name) < int(g.name) < int(hi.name)]
             already = [g for g in between if rank in g.ranks]
             unknown = [g for g in between if not g.complete and rank not in g.ranks]
-            if q - p - 1 - len(already) == len(unknown) and unknown:
+            unseen = [n for n in range(int(lo.name) + 1, int(hi.name)) if n not in named]
+            if q - p - 1 - len(already) == len(unknown) + len(unseen) and unknown:
                 for g in unknown:
                     g.ranks = tuple(sorted(set(g.ranks) | {rank}))
                     g.source = "calls+pg_id"
@@ -531,7 +536,12 @@ def _last_call(record: RankRecord) -> Call | None:
 
 
 def _finished_elsewhere(incident: Incident, call: Call, seen: dict[tuple, bool]) -> bool:
-    """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls."""
+    """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls.
+    Never for a rooted collective: gloo's reduce lets a member that has sent its part return while the root still
+    waits for another's, and a broadcast's root returns once it has sent, so one member's return says nothing of
+    the others' (a reduce that a member skipped shows retired on some members and in flight on the rest)."""
+    if call.op in ROOTED:
+        return False
     key = (call.group, call.seq, call.signature())
     if key not in seen:
         seen[key] = False

@@ -483,3 +483,12 @@ def test_a_rooted_collective_one_member_returned_from_still_holds_the_others():
         held = found.ranks[rank].calls[-1]
         assert (held.op, held.state) == ("reduce", IN_FLIGHT), held
     assert found.ranks[7].calls[-1].op == "all_reduce"
+
+
+def test_a_world_is_not_made_larger_to_pick_one_of_several_meshes_the_dumps_fit():
+    """Groups of a mesh dim that each show one member (the other members never reached it) and a dim nobody used
+    fit several meshes over the dumps' 8 ranks: the dumps cannot tell which, so the world stays 8 and the groups
+    plain, rather than a world of 9 whose one fit is a guess (holdout7's e1: the report said world 9, mesh (9, 1))."""
+    found = build(read_dir(os.path.join(DATA, "pipeline_stage_by_global_rank", "dumps")))
+    assert found.world == 8 and not found.meshes
+    assert any("2 layouts fit them" in note for note in found.notes), found.notes

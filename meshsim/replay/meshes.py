@@ -16,6 +16,8 @@ from typing import Any
 
 from .records import UNSEEN, Group, Mesh
 
+_AMBIGUOUS = "layouts fit them"  # the note _infer_meshes leaves where the dumps fit several
+
 
 def name_order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
@@ -37,10 +39,14 @@ def _dim_of(group: Group) -> str:
 def meshes_and_world(groups: dict[str, Group], size: int, notes: list[str], fixed: bool) -> tuple[list[Mesh], int]:
     """The meshes, and the world they span. Where nothing names the world (gloo's dumps name no members), the
     highest rank with a dump may not be the last rank: a world a little larger, which the DeviceMesh groups' names
-    fit when the smaller one fits nothing, is the job's (its last ranks left no dump)."""
+    fit when the smaller one fits nothing, is the job's (its last ranks left no dump).
+    Where several layouts fit the smaller world, the dumps cannot tell them apart and no larger world is looked
+    for: it would be chosen only because fewer layouts fit it (a mesh dim nobody used, and groups that each show
+    one member, fit many)."""
     tried: list[str] = []
     meshes = _infer_meshes(groups, size, tried)
-    if meshes or fixed or not any(_mesh_dim(g.desc) for g in groups.values()):
+    ambiguous = any(_AMBIGUOUS in note for note in tried)
+    if meshes or fixed or ambiguous or not any(_mesh_dim(g.desc) for g in groups.values()):
         notes += tried
         return meshes, size
     for larger in range(size + 1, 2 * size + 1):
@@ -88,7 +94,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
     memberships = {_memberships(fit) for fit in fits}
     if len(memberships) != 1:
         dims = sorted({_dim_of(g) for g in mesh_groups})
-        why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} layouts fit them"
+        why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} {_AMBIGUOUS}"
         notes.append(f"DeviceMesh groups of dims {dims} are kept as plain groups: {why}")
         return []
     fits.sort(key=lambda fit: sum(len(shape) for shape, _, _ in fit))

@@ -56,6 +56,7 @@ CASES = {
     "extra_call_tp": ([0, 4], MISMATCH),
     "pair_reorder_tp": ([6], REORDERED),
     "broadcast_pipeline_cycle": ([4], REORDERED),  # gloo names no members: the rank's own n-th group tells
+    "pipeline_stage_by_global_rank": ([4], REORDERED),  # the same with the mesh's pp dim unused, dp groups half seen
     "wrong_dim_3d": ([5], MISMATCH),
     "two_culprits_two_hosts": ([1, 6], SKIPPED),  # rank 6 waits in the barrier past the dp call it skipped
     "dtensor_redistribute_skipped": ([1], SKIPPED),
@@ -485,10 +486,12 @@ def test_a_rooted_collective_one_member_returned_from_still_holds_the_others():
     assert found.ranks[7].calls[-1].op == "all_reduce"
 
 
-def test_a_world_is_not_made_larger_to_pick_one_of_several_meshes_the_dumps_fit():
-    """Groups of a mesh dim that each show one member (the other members never reached it) and a dim nobody used
-    fit several meshes over the dumps' 8 ranks: the dumps cannot tell which, so the world stays 8 and the groups
-    plain, rather than a world of 9 whose one fit is a guess (holdout7's e1: the report said world 9, mesh (9, 1))."""
+def test_a_mesh_whose_group_names_another_group_holds_does_not_fit_and_the_cycle_is_named_by_its_first_stage():
+    """Two broadcast pipelines on a (2, 4) mesh whose pp dim nobody used, each dp group showing one member, and a
+    pair group per link made after the mesh (holdout7's e1: `reads_data = rank == 0` makes rank 4 wait on its
+    wrap-around link, and 4, 5, 6, 7 wait in a cycle). A layout whose dim would take names the pair groups hold
+    (a size-1 dp dim of 8 groups) does not fit, so one mesh does, over the dumps' 8 ranks (not a world of 9
+    picked because fewer layouts fit it), and the first stage that receives is the culprit."""
     found = build(read_dir(os.path.join(DATA, "pipeline_stage_by_global_rank", "dumps")))
-    assert found.world == 8 and not found.meshes
-    assert any("2 layouts fit them" in note for note in found.notes), found.notes
+    assert found.world == 8 and [m.shape for m in found.meshes] == [(2, 4)]
+    assert analyze(found).culprits == [4]

@@ -85,12 +85,13 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
         splits = [[list(p)] for p in itertools.permutations(by_dim.items())] if len(by_dim) <= 5 else []
     else:
         splits = list(_splits(blocks))
-    fits = [fit for split in splits for fit in _fits(split, world, numbered)]
+    taken = frozenset(g.name for g in groups.values())
+    fits = [fit for split in splits for fit in _fits(split, world, numbered, taken)]
     if not fits and numbered:
         # a dim nobody called a collective on leaves no trace but the names it used up: try one such dim
         unseen = [[m[:i] + [(UNSEEN, [])] + m[i:] if k == j else m for k, m in enumerate(split)]
                   for split in splits for j in range(len(split)) for i in range(len(split[j]) + 1)]
-        fits = [fit for split in unseen for fit in _fits(split, world, numbered)]
+        fits = [fit for split in unseen for fit in _fits(split, world, numbered, taken)]
     memberships = {_memberships(fit) for fit in fits}
     if len(memberships) != 1:
         dims = sorted({_dim_of(g) for g in mesh_groups})
@@ -172,14 +173,15 @@ def _dim_groups(shape: tuple[int, ...], dim: int) -> list[list[int]]:
     return out
 
 
-def _fits(split: list, world: int, numbered: bool) -> list:
-    """The layouts (one per mesh: shape, names, dim -> [(members, group or None)]) that fit every group."""
+def _fits(split: list, world: int, numbered: bool, taken: frozenset = frozenset()) -> list:
+    """The layouts (one per mesh: shape, names, dim -> [(members, group or None)]) that fit every group; `taken`:
+    the names of every group the dumps show."""
     per_mesh: list[list] = []
     for mesh_blocks in split:
         options = []
         names = [d for d, _ in mesh_blocks]
         for shape in _factorizations(world, len(mesh_blocks)):
-            assignment = _assign(shape, mesh_blocks, numbered)
+            assignment = _assign(shape, mesh_blocks, numbered, taken)
             if assignment is not None:
                 options.append((shape, names, assignment))
         if not options:
@@ -193,7 +195,10 @@ def _fits(split: list, world: int, numbered: bool) -> list:
     return fits
 
 
-def _assign(shape: tuple[int, ...], blocks: list, numbered: bool) -> dict | None:
+def _assign(shape: tuple[int, ...], blocks: list, numbered: bool, taken: frozenset = frozenset()) -> dict | None:
+    """Each group of each dim in the place its members fit, or None. With sequential names, a dim's groups hold
+    consecutive names: a place no recorded group fills has its name all the same, and a name some other group
+    holds (another dim's, or a new_group's) rules the layout out."""
     assignment = {}
     for dim_index, (dim, groups) in enumerate(blocks):
         expected = _dim_groups(shape, dim_index)
@@ -212,6 +217,8 @@ def _assign(shape: tuple[int, ...], blocks: list, numbered: bool) -> dict | None
                     return None
                 base = offset
             slots[i][1] = g
+        if base is not None and any(g is None and str(base + i) in taken for i, (_, g) in enumerate(slots)):
+            return None
         assignment[dim] = [(tuple(m), g) for m, g in slots]
     return assignment
 

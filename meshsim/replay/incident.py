@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from ..core.wire import ROOTED
@@ -97,6 +98,7 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
                         dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
                         [d.rank for d in dumps], notes)
     incident.siblings = _siblings(incident)
+    _complete_siblings(incident)
     _lines_from_peers(incident)
     _one_job(incident)
     _settle_gloo_states(incident)
@@ -412,6 +414,54 @@ def _siblings(incident: Incident) -> dict[str, str]:
                 at.setdefault((c.site, c.op), set()).add(c.group)
     members = {key: frozenset(g.ranks) for key, g in incident.groups.items()}
     return {group: part[1] for group, part in sibling_parts(at, members).items()}
+
+
+def _complete_siblings(incident: Incident) -> None:
+    """Sibling groups (one line calls on each, no rank in common) whose recorded members leave out a few ranks of
+    the world: `new_subgroups` and `new_subgroups_by_enumeration` split the world into groups of one size, so each
+    lacks as many members as it falls short of that size, and the ranks no sibling shows are those members (they
+    never called there: the ranks that skipped the line). Which rank fills which group the dumps do not say; where
+    exactly one way to fill them makes every group evenly strided, as enumerations are written (ranks i, i + k,
+    ...), that is taken, and said in a note; otherwise the groups stay as recorded."""
+    parts: dict[str, list[Group]] = {}
+    for key, first in incident.siblings.items():
+        parts.setdefault(first, []).append(incident.groups[key])
+    for groups in parts.values():
+        if any(g.complete for g in groups) or incident.world % len(groups):
+            continue
+        size = incident.world // len(groups)
+        unseen = sorted(set(range(incident.world)) - {r for g in groups for r in g.ranks})
+        short = [size - len(g.ranks) for g in groups]
+        if not unseen or min(short) < 0 or sum(short) != len(unseen) or len(unseen) > 6:
+            continue
+        strided = [fill for fill in _fills(unseen, short) if all(_evenly_strided(set(g.ranks) | set(extra))
+                                                                 for g, extra in zip(groups, fill))]
+        if len(strided) != 1:
+            continue
+        for g, extra in zip(groups, strided[0]):
+            if extra:
+                g.ranks = tuple(sorted(set(g.ranks) | set(extra)))
+                incident.notes.append(
+                    f"{g.describe()}: rank{'s' if len(extra) > 1 else ''} {_ranks_text(list(extra))} taken as "
+                    f"member{'s' if len(extra) > 1 else ''} though no call of {'theirs' if len(extra) > 1 else 'its'}"
+                    f" there is recorded: its {len(groups)} sibling groups split the world of {incident.world} "
+                    f"into groups of {size}, and this is the one way to fill them that keeps each evenly strided")
+
+
+def _fills(unseen: list[int], short: list[int]) -> Iterable[list[tuple[int, ...]]]:
+    """Every way to hand the unseen ranks out, short[i] of them to group i."""
+    if not short:
+        yield []
+        return
+    for chosen in itertools.combinations(unseen, short[0]):
+        rest = [r for r in unseen if r not in chosen]
+        for tail in _fills(rest, short[1:]):
+            yield [chosen, *tail]
+
+
+def _evenly_strided(ranks: set[int]) -> bool:
+    ordered = sorted(ranks)
+    return len({b - a for a, b in itertools.pairwise(ordered)}) <= 1
 
 
 def _lines_from_peers(incident: Incident) -> None:

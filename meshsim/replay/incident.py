@@ -418,21 +418,28 @@ def _siblings(incident: Incident) -> dict[str, str]:
 
 def _complete_siblings(incident: Incident) -> None:
     """Sibling groups (one line calls on each, no rank in common) whose recorded members leave out a few ranks of
-    the world: `new_subgroups` and `new_subgroups_by_enumeration` split the world into groups of one size, so each
-    lacks as many members as it falls short of that size, and the ranks no sibling shows are those members (they
-    never called there: the ranks that skipped the line). Which rank fills which group the dumps do not say; where
-    exactly one way to fill them makes every group evenly strided, as enumerations are written (ranks i, i + k,
-    ...), that is taken, and said in a note; otherwise the groups stay as recorded."""
+    the world, where the dumps show those ranks skipped the line: `new_subgroups` (and enumerations written
+    like it) split the world into groups of one size, so each lacks as many members as it falls short of that
+    size, and the ranks no sibling shows are those members. Taken only with the evidence of a skip: every group
+    to fill has a member held in its call there, each rank to place left a dump and is held where a member that
+    finished its sibling call went next, and groups end with 3 members or more (any two ranks are "strided").
+    Which rank fills which group the dumps do not say; where exactly one way to fill them makes every group
+    evenly strided (ranks i, i + k, ...), that is taken, and said in a note; otherwise the groups stay as
+    recorded. Groups that are not a partition of the world (another role's ranks beside them) can still be
+    filled wrongly where all of this holds: the note names the ranks placed so."""
     parts: dict[str, list[Group]] = {}
     for key, first in incident.siblings.items():
         parts.setdefault(first, []).append(incident.groups[key])
     for groups in parts.values():
-        if any(g.complete for g in groups) or incident.world % len(groups):
+        if any(g.complete for g in groups) or incident.world % len(groups) or incident.world // len(groups) < 3:
             continue
         size = incident.world // len(groups)
         unseen = sorted(set(range(incident.world)) - {r for g in groups for r in g.ranks})
         short = [size - len(g.ranks) for g in groups]
         if not unseen or min(short) < 0 or sum(short) != len(unseen) or len(unseen) > 6:
+            continue
+        if not all(_held_on(incident, g) for g, n in zip(groups, short) if n) or \
+                not all(_went_past(incident, groups, r) for r in unseen):
             continue
         strided = [fill for fill in _fills(unseen, short) if all(_evenly_strided(set(g.ranks) | set(extra))
                                                                  for g, extra in zip(groups, fill))]
@@ -440,12 +447,36 @@ def _complete_siblings(incident: Incident) -> None:
             continue
         for g, extra in zip(groups, strided[0]):
             if extra:
-                g.ranks = tuple(sorted(set(g.ranks) | set(extra)))
+                g.ranks, g.source = tuple(sorted(set(g.ranks) | set(extra))), "calls+siblings"
                 incident.notes.append(
                     f"{g.describe()}: rank{'s' if len(extra) > 1 else ''} {_ranks_text(list(extra))} taken as "
                     f"member{'s' if len(extra) > 1 else ''} though no call of {'theirs' if len(extra) > 1 else 'its'}"
                     f" there is recorded: its {len(groups)} sibling groups split the world of {incident.world} "
-                    f"into groups of {size}, and this is the one way to fill them that keeps each evenly strided")
+                    f"into groups of {size}, this is the one way to fill them that keeps each evenly strided, and "
+                    f"{'they are' if len(extra) > 1 else 'it is'} held past the line its members wait at")
+
+
+def _held_on(incident: Incident, group: Group) -> bool:
+    """A recorded member's last call is on the group and unfinished."""
+    return any((last := _last_call(incident.ranks[r])) is not None and last.group == group.key and not last.finished
+               for r in group.ranks if r in incident.ranks)
+
+
+def _went_past(incident: Incident, groups: list[Group], rank: int) -> bool:
+    """The rank left a dump and is held at a line a member of the siblings reached after finishing its call on
+    one of them: it is past the siblings' line."""
+    record = incident.ranks.get(rank)
+    last = _last_call(record) if record is not None and record.dumped else None
+    if last is None or last.site is None:
+        return False
+    keys = {g.key for g in groups}
+    for g in groups:
+        for m in g.ranks:
+            calls = incident.ranks[m].calls if m in incident.ranks else []
+            done = [i for i, c in enumerate(calls) if c.group in keys and c.finished]
+            if done and any(c.site == last.site for c in calls[done[0] + 1:]):
+                return True
+    return False
 
 
 def _fills(unseen: list[int], short: list[int]) -> Iterable[list[tuple[int, ...]]]:
@@ -552,7 +583,7 @@ def _settle_gloo_states(incident: Incident) -> None:
                                   f"call after its caller has returned; the rank dumped before that)")
     for record in incident.ranks.values():
         last = _last_call(record)
-        if last is None or last.state != RETIRED:
+        if last is None or last.state != RETIRED or last.op in ROOTED:  # a rooted call returns on some members alone
             continue
         for m in incident.groups[last.group].ranks:
             other = incident.ranks.get(m)
@@ -587,21 +618,21 @@ def _last_call(record: RankRecord) -> Call | None:
 
 def _finished_elsewhere(incident: Incident, call: Call, seen: dict[tuple, bool]) -> bool:
     """Whether a member of call's group finished that very call (same op, sizes, dtypes) and made more calls.
-    Never for a rooted collective: gloo's reduce lets a member that has sent its part return while the root still
-    waits for another's, and a broadcast's root returns once it has sent, so one member's return says nothing of
-    the others' (a reduce that a member skipped shows retired on some members and in flight on the rest)."""
-    if call.op in ROOTED:
-        return False
+    A rooted collective needs every other member so: gloo's reduce lets a member that has sent its part return
+    while the root still waits for another's, and a broadcast's root returns once it has sent, so one member's
+    return says nothing of the others' (a reduce that a member skipped shows retired on some members and in
+    flight on the rest); once all the others have gone on, the call had everything it needed."""
     key = (call.group, call.seq, call.signature())
     if key not in seen:
-        seen[key] = False
-        for m in incident.groups[call.group].ranks:
-            other = incident.ranks.get(m)
-            if other is None or not other.dumped:
-                continue
-            theirs = other.at(call.group, call.seq)
-            if theirs is not None and theirs.finished and theirs.signature() == key[2] \
-                    and other.calls[-1].record_id > theirs.record_id:  # (calls are in record_id order)
-                seen[key] = True
-                break
+        went_on = [_went_on_from(incident.ranks.get(m), call, key[2]) for m in incident.groups[call.group].ranks
+                   if m != call.rank]
+        seen[key] = bool(went_on) and all(went_on) if call.op in ROOTED else any(went_on)
     return seen[key]
+
+
+def _went_on_from(other: RankRecord | None, call: Call, signature: tuple) -> bool:
+    if other is None or not other.dumped:
+        return False
+    theirs = other.at(call.group, call.seq)
+    return theirs is not None and theirs.finished and theirs.signature() == signature \
+        and other.calls[-1].record_id > theirs.record_id  # (calls are in record_id order)

@@ -189,7 +189,7 @@ def _fits(split: list, world: int, numbered: bool, taken: frozenset = frozenset(
         per_mesh.append(options)
     fits = []
     for combo in itertools.product(*per_mesh):
-        if numbered and not _names_in_sequence(combo):
+        if numbered and not _names_in_sequence(combo, taken):
             continue
         fits.append(list(combo))
     return fits
@@ -223,13 +223,17 @@ def _assign(shape: tuple[int, ...], blocks: list, numbered: bool, taken: frozens
     return assignment
 
 
-def _names_in_sequence(combo: Any) -> bool:
-    """Sequential names: each dim's groups start right after the previous dim's, within a mesh and across."""
+def _names_in_sequence(combo: Any, taken: frozenset = frozenset()) -> bool:
+    """Sequential names: each dim's groups start right after the previous dim's, within a mesh and across; an
+    unseen dim's groups take the names after the previous dim's, which no other group may hold."""
     previous_end = None
     for _, _, assignment in combo:
         for slots in assignment.values():
             named = [(i, g) for i, (_, g) in enumerate(slots) if g is not None]
             if not named:  # an unseen dim: its groups take the next names
+                if previous_end is not None and any(str(n) in taken
+                                                    for n in range(previous_end, previous_end + len(slots))):
+                    return False
                 previous_end = None if previous_end is None else previous_end + len(slots)
                 continue
             base = int(named[0][1].name) - named[0][0]

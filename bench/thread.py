@@ -10,8 +10,6 @@ import time
 from figures import Figure, goal
 from raw import threaded_loop
 
-from meshsim.compat.memo import unremembered
-
 
 def _plan(shape: tuple[int, ...], names: tuple[str, ...]):  # noqa: ANN202
     from meshsim import Plan, step
@@ -33,8 +31,7 @@ def run(quick: bool = False) -> list[Figure]:
             for _ in range(count):
                 assert cluster.run(plan).passed
             ours.append(count / (time.monotonic() - started))
-            with unremembered():  # the anchor is torch alone, without meshsim's memo of its layout arithmetic
-                raws.append(threaded_loop(64, count, shape, names))
+            raws.append(threaded_loop(64, count, shape, names))
     ratios = [a / b for a, b in zip(ours, raws)]
     figures = [goal(Figure("thread", "plans/s at W=64, (4,4,4) + check", statistics.median(ours), "plans/s",
                            statistics.median(raws), "torch's threaded group, raw loop",
@@ -56,8 +53,7 @@ def _large() -> Figure:
         result = cluster.run(big)
         seconds = time.monotonic() - started
         deadline = cluster.deadline
-    with unremembered():
-        raw = 1 / threaded_loop(512, 1, (8, 8, 8), ("a", "b", "c"))
+    raw = 1 / threaded_loop(512, 1, (8, 8, 8), ("a", "b", "c"))
     figure = Figure("thread", "512 ranks, (8,8,8) + check, one plan", seconds, "s", raw, "raw threaded loop",
                     note=f"outcome {result.outcome} at the default deadline {deadline:.0f} s")
     return goal(figure, lambda f: result.passed, "passes at the default deadline (no false hang)")

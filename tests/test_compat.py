@@ -111,10 +111,21 @@ def test_remembered_layout_arithmetic_answers_as_torch_computes_it(sizes, data):
     ranks = torch.arange(world)
     torch_own = ranks.as_strided(*_strided(mesh, world)).reshape(-1, *mesh.top_level_sizes)
     assert torch.equal(mesh.remap_to_tensor(ranks), torch_own)
-    with memo.unremembered():  # a benchmark's anchor: torch's methods, unwrapped, then the memo again
-        assert not hasattr(layouts._MeshLayout.collapse, "__wrapped__")
-        assert torch.equal(mesh.remap_to_tensor(ranks), torch_own)
     assert layouts._MeshLayout.collapse._meshsim_memo
+
+
+def test_remembered_layout_arithmetic_refuses_and_binds_as_torch_does():
+    """Keywords bind as torch's method binds them, and an argument of another type is not answered from an
+    equal one's memory (complement(8.0) raises in torch whether or not complement(8) was asked first)."""
+    from torch.distributed import _mesh_layout as layouts
+
+    from meshsim.compat import memo
+
+    memo.install()
+    flat = layouts._FlatLayout((4,), (1,))
+    assert flat.complement(world_size=8) == flat.complement(8) == layouts._FlatLayout.complement.__wrapped__(flat, 8)
+    with pytest.raises(TypeError):
+        flat.complement(8.0)
 
 
 def _strided(layout, world):

@@ -62,6 +62,12 @@ CASES = [
     # a cycle behind a call no other rank makes: the call's makers, not the cycle (its partners wait behind it)
     ("leader_world_metric", (2, 4), [2, 6], MISMATCHED, None),
     ("extra_isend_ring", (2, 4), [5], MISMATCHED, None),
+    # held out: written blind by someone kept from the judge's code and these tests (their docstrings say why)
+    ("tp_throughput_logging", (2, 4), [0, 1], MISMATCHED, "dp"),
+    ("pair_loader_broadcast", (2, 4), [6], SKIPPED, None),
+    ("interleaved_pp_eval", (2, 4), [7], MISMATCHED, None),
+    ("vocab_parallel_ce_eval", (2, 4), [3], SKIPPED, "tp"),
+    ("hier_allreduce_stream", (2, 4), [2, 3], MISMATCHED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -81,10 +87,12 @@ PLAIN = {"return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wr
          "busy_loop", "thread_join", "swallowed", "extra_barrier", "skip_in_loop_world",
          "hand_built_tp_groups_off_by_one", "pipeline_grads_on_forward_tags", "extra_isend_ring"}
 MODEL = {"ddp_uneven_inputs", "ddp_skip_backward", "fsdp2_skip_step", "dtensor_redistribute_skipped"}
+HELD_OUT = {"tp_throughput_logging", "pair_loader_broadcast", "interleaved_pp_eval", "vocab_parallel_ce_eval",
+            "hier_allreduce_stream"}  # their own training or eval loops first: measured blind at 5 s
 
 
 def _deadline(script: str) -> float:
-    return 2 if script in PLAIN else 4 if script in MODEL else 3
+    return 2 if script in PLAIN else 4 if script in MODEL else 5 if script in HELD_OUT else 3
 
 
 def test_every_hanging_script_has_a_case():

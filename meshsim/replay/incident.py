@@ -466,7 +466,7 @@ def _older_dumps(incident: Incident) -> None:
         finished = {}
         for r in g.ranks:
             rec = incident.ranks[r]
-            last = _last_call(rec) if rec.dumped else None
+            last = rec.last if rec.dumped else None
             for c in rec.on(key) if rec.dumped else ():
                 if c.finished and c is not last:
                     finished[c.seq] = c
@@ -495,7 +495,7 @@ def _settle_gloo_states(incident: Incident) -> None:
     still waits in, raised."""
     went_on: dict[tuple, bool] = {}  # (group, seq, signature) -> a member finished it and went on
     for record in incident.ranks.values():
-        last = _last_call(record)
+        last = record.last
         if last is not None and last.state == IN_FLIGHT and _finished_elsewhere(incident, last, went_on):
             record.replace(record.calls.index(last), _replace(last, state=RETIRED if last.fr_state == "scheduled"
                                                                 and incident.backend == "gloo" else COMPLETED))
@@ -503,7 +503,7 @@ def _settle_gloo_states(incident: Incident) -> None:
                                   f"but a member finished it and went on: it completed (Flight Recorder marks a "
                                   f"call after its caller has returned; the rank dumped before that)")
     for record in incident.ranks.values():
-        last = _last_call(record)
+        last = record.last
         if last is None or last.state != RETIRED or last.op in ROOTED:  # a rooted call returns on some members alone
             continue
         for m in incident.groups[last.group].ranks:
@@ -525,16 +525,12 @@ def _settle_gloo_states(incident: Incident) -> None:
         if not never:
             continue
         for record in incident.ranks.values():
-            call = _last_call(record)
+            call = record.last
             if call is None or call.state != RETIRED or m not in incident.groups[call.group].ranks:
                 continue
             key = order.key(call)
             if key in never or any(order.precedes(k, key) for k in never):
                 record.replace(record.calls.index(call), _replace(call, state=FAILED))
-
-
-def _last_call(record: RankRecord) -> Call | None:
-    return record.calls[-1] if record.calls else None
 
 
 def _finished_elsewhere(incident: Incident, call: Call, seen: dict[tuple, bool]) -> bool:

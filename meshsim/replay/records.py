@@ -133,6 +133,11 @@ class RankRecord:
         return self._by_group().get(group, {}).get(seq)
 
     @property
+    def last(self) -> Call | None:
+        """The rank's last recorded call."""
+        return self.calls[-1] if self.calls else None
+
+    @property
     def held(self) -> Call | None:
         """The call that holds the rank up: its oldest unfinished one (NCCL may have queued more behind it)."""
         if self._held is None:

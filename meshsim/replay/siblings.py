@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from .records import Call, Group, Incident, RankRecord, _ranks_text
+from .records import Group, Incident, _ranks_text
 
 
 def complete_siblings(incident: Incident) -> None:
@@ -54,7 +54,7 @@ def complete_siblings(incident: Incident) -> None:
 
 def _held_on(incident: Incident, group: Group) -> bool:
     """A recorded member's last call is on the group and unfinished."""
-    return any((last := _last_of(incident.ranks[r])) is not None and last.group == group.key and not last.finished
+    return any((last := incident.ranks[r].last) is not None and last.group == group.key and not last.finished
                for r in group.ranks if r in incident.ranks)
 
 
@@ -62,7 +62,7 @@ def _went_past(incident: Incident, groups: list[Group], rank: int) -> bool:
     """The rank left a dump and is held at a line a member of the siblings reached after finishing its call on
     one of them: it is past the siblings' line."""
     record = incident.ranks.get(rank)
-    last = _last_of(record) if record is not None and record.dumped else None
+    last = record.last if record is not None and record.dumped else None
     if last is None or last.site is None:
         return False
     keys = {g.key for g in groups}
@@ -89,7 +89,3 @@ def _fills(unseen: list[int], short: list[int]) -> Iterable[list[tuple[int, ...]
 def _evenly_strided(ranks: set[int]) -> bool:
     ordered = sorted(ranks)
     return len({b - a for a, b in itertools.pairwise(ordered)}) <= 1
-
-
-def _last_of(record: RankRecord) -> Call | None:
-    return record.calls[-1] if record.calls else None

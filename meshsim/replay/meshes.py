@@ -16,8 +16,6 @@ from typing import Any
 
 from .records import UNSEEN, Group, Mesh
 
-_AMBIGUOUS = "layouts fit them"  # the note _infer_meshes leaves where the dumps fit several
-
 
 def name_order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
@@ -44,13 +42,12 @@ def meshes_and_world(groups: dict[str, Group], size: int, notes: list[str], fixe
     for: it would be chosen only because fewer layouts fit it (a mesh dim nobody used, and groups that each show
     one member, fit many)."""
     tried: list[str] = []
-    meshes = _infer_meshes(groups, size, tried)
-    ambiguous = any(_AMBIGUOUS in note for note in tried)
+    meshes, ambiguous = _infer_meshes(groups, size, tried)
     if meshes or fixed or ambiguous or not any(_mesh_dim(g.desc) for g in groups.values()):
         notes += tried
         return meshes, size
     for larger in range(size + 1, 2 * size + 1):
-        meshes = _infer_meshes(groups, larger, [])
+        meshes, _ = _infer_meshes(groups, larger, [])
         if meshes:
             notes.append(f"the world is {larger}, not the {size} that the dumps' highest rank says: the DeviceMesh "
                          f"groups fit a world of {larger} only")
@@ -58,8 +55,9 @@ def meshes_and_world(groups: dict[str, Group], size: int, notes: list[str], fixe
     return [], size
 
 
-def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> list[Mesh]:
-    """DeviceMesh's groups (description mesh_<dim>) as meshes over the world, where exactly one layout fits.
+def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> tuple[list[Mesh], bool]:
+    """DeviceMesh's groups (description mesh_<dim>) as meshes over the world, where exactly one layout fits; and
+    whether several did.
 
     init_device_mesh makes each dim's groups in turn, one new_group per group in the order of the other dims
     (row-major), so on gloo (sequential names) a dim's groups have consecutive names and the dims follow each
@@ -68,7 +66,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
     """
     mesh_groups = [g for g in groups.values() if _mesh_dim(g.desc) is not None]
     if not mesh_groups:
-        return []
+        return [], False
     numbered = all(g.name.isdigit() for g in mesh_groups)
     blocks: list[tuple[str, list[Group]]] = []  # runs of one dim, in creation order where names tell it
     for g in sorted(mesh_groups, key=lambda g: name_order(g.name)):
@@ -95,9 +93,9 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
     memberships = {_memberships(fit) for fit in fits}
     if len(memberships) != 1:
         dims = sorted({_dim_of(g) for g in mesh_groups})
-        why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} {_AMBIGUOUS}"
+        why = "no mesh over the whole world fits them" if not fits else f"{len(memberships)} layouts fit them"
         notes.append(f"DeviceMesh groups of dims {dims} are kept as plain groups: {why}")
-        return []
+        return [], len(memberships) > 1
     fits.sort(key=lambda fit: sum(len(shape) for shape, _, _ in fit))
     for shape, names, _ in fits[0]:
         if UNSEEN in names:
@@ -124,7 +122,7 @@ def _infer_meshes(groups: dict[str, Group], world: int, notes: list[str]) -> lis
             mesh.groups[dim] = keys
         meshes.append(mesh)
     _add_unseen_mesh_groups(groups, meshes, chosen, numbered)
-    return meshes
+    return meshes, False
 
 
 def _memberships(fit: list) -> frozenset:

@@ -76,6 +76,22 @@ def test_thread_tier_diagnoses_a_skipped_collective_by_rank_group_and_dim():
     assert after.passed
 
 
+def test_thread_tier_keeps_a_finished_plans_progress_on_the_host_until_a_run_goes_wrong():
+    # every rank finished: the results come alone (the judge reads observations); a hang: the ranks that finished
+    # are asked what they did too, as the diagnosis reads every rank's calls
+    two_d = step("init_device_mesh", out="m", shape=[2, 4], names=["dp", "tp"])
+    with Cluster(Topology(2, 4), tier="thread") as executor:
+        passed = executor.run(Plan((two_d, step("check", mesh="m"))))
+        hung = executor.run(Plan((two_d, step("all_reduce", mesh="m", dim="tp", skip_on=[5]))), deadline=3)
+    assert passed.outcome == "pass" and all(not s.created and s.step is None for s in passed.record.states)
+    assert hung.outcome == "hang" and hung.culprits == [5]
+    finished = [s for s in hung.record.states if s.end == "finished"]
+    assert [s.rank for s in finished] == [0, 1, 2, 3, 5]
+    assert all(len(s.created) == 6 for s in finished)  # the mesh's four dp groups and two tp groups, on every rank
+    assert [s.step for s in finished] == [1, 1, 1, 1, 0]  # rank 5 skipped the all_reduce
+    assert [len(s.issued) for s in finished] == [1, 1, 1, 1, 0]
+
+
 def test_thread_tier_ends_a_rank_that_exits_as_a_crash_and_leaves_nothing_behind():
     plan = Plan((step("init_device_mesh", out="m", shape=[2, 4], names=["a", "b"]),
                  step("exit", code=7, only_on=[3]), step("check", mesh="m")))

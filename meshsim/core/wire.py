@@ -157,7 +157,11 @@ class Stop(NamedTuple):
 
 
 class Report(NamedTuple):
-    """Send now what every rank did so far (a host that keeps its ranks' progress until they finish)."""
+    """Send now what every rank did so far (a host that keeps its ranks' progress until they finish); `finished`:
+    also what the ranks that have sent their result did (a thread host keeps a finished plan's progress until the
+    controller asks: meshsim.run.threads)."""
+
+    finished: bool = False
 
 
 class Reported(NamedTuple):

@@ -29,11 +29,13 @@ from ..core import deadlines
 from ..core.errors import ClusterError
 from ..core.record import RankState, RunRecord, RunStatus
 from ..core.wire import (
+    FINISHED,
     PROGRESS,
     STUCK,
     Batch,
     FromRank,
     JoinFailed,
+    PlanDone,
     RankDied,
     Ready,
     Report,
@@ -106,10 +108,14 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
         os._exit(4)
     lock = threading.Lock()
-    # Each rank's progress stays here until its result goes (in the same message), or the controller asks for it
-    # (Report: a run past its deadline, or quiet for a while): a pipe message per call from 64 threads cost more
-    # than the collectives, and a rank that is a thread cannot die alone with its words unsent.
+    # Each rank's progress stays here until the controller asks for it (Report: a run past its deadline, quiet for a
+    # while, or one that did not end well), or a result other than a plan's goes (in the same message): a pipe
+    # message per call from 64 threads cost more than the collectives, and a rank that is a thread cannot die alone
+    # with its words unsent. A plan's result goes alone: its progress locates ranks that did not finish, and a run
+    # whose every rank finished needs none of it (at W = 64, pickling and reading it back cost a quarter of a plan).
     logs: list[deque[Any]] = [deque() for _ in range(world)]
+    done = [False] * world  # the rank has sent its result for the work in hand (its log waits for Report(True))
+    asked = [False] * world  # Report(True) came during the work in hand: a plan's result takes its progress along
 
     def post(rank: int, message: Any) -> None:
         with lock:
@@ -122,15 +128,24 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
             if isinstance(message, PROGRESS):
                 log.append(message)
                 return
+            if isinstance(message, PlanDone) and not asked[rank]:
+                done[rank] = True
+                post(rank, message)
+                return
             events = _drain(log)
             post(rank, Batch((*events, message)) if events else message)
         return send
+
+    def begin(rank: int) -> None:
+        """A rank takes new work: what it said of the last is not asked for any more."""
+        logs[rank].clear()
+        done[rank] = asked[rank] = False
 
     joined: queue.Queue[tuple[int, Any]] = queue.Queue()
     inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(world)]
     for rank in range(world):
         threading.Thread(target=_rank_thread, args=(rank, world, store, sender(rank), inboxes[rank], joined,
-                                                     spec.start_timeout_s),
+                                                     spec.start_timeout_s, begin),
                          name=f"rank{rank}", daemon=True).start()
     idents: dict[int, int] = {}
     for _ in range(world):
@@ -149,8 +164,10 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         if isinstance(message, Stop):
             os._exit(0)
         if isinstance(message, Report):
+            if message.finished:
+                asked[:] = [True] * world
             for rank, log in enumerate(logs):
-                events = _drain(log)
+                events = _drain(log) if message.finished or not done[rank] else None
                 if events:
                     post(rank, Batch(tuple(events)))
             post(-1, Reported())
@@ -160,15 +177,18 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
 
 
 def _drain(log: deque[Any]) -> list[Any]:
-    """Everything in a rank's log, taken out (popleft is atomic: the rank may be appending meanwhile)."""
+    """Everything in a rank's log, taken out (popleft is atomic: the rank may be appending, or clearing it for new
+    work, meanwhile)."""
     out = []
-    while log:
-        out.append(log.popleft())
-    return out
+    while True:
+        try:
+            out.append(log.popleft())
+        except IndexError:
+            return out
 
 
 def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queue, joined: queue.Queue,
-                 timeout_s: float) -> None:
+                 timeout_s: float, begin: Callable[[int], None]) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -193,6 +213,7 @@ def _rank_thread(rank: int, world: int, store: Any, send: Any, inbox: queue.Queu
     }
     while True:
         message = inbox.get()
+        begin(rank)
         try:
             dispatch(message, handlers)
         except RankEnded as end:
@@ -257,7 +278,7 @@ class ThreadExecutor(Pooled):
                 still = Still(Stillness(), dict.fromkeys(range(self.world), host.worker.pid))
         stuck, stopped = follow([host], states, started, deadline, watch=self.watch,
                                 on_quiet=lambda: _ask(host), still=still)
-        if stuck:
+        if stuck or any(s.end != FINISHED for s in states):  # what went wrong is located from the ranks' progress
             stuck = _reported(host, states, stuck)
         for rank in stuck:
             states[rank].end = STUCK
@@ -294,10 +315,10 @@ def _ask(host: Hosted) -> None:
 
 
 def _reported(host: Hosted, states: list[RankState], stuck: set[int]) -> set[int]:
-    """Ask the host what its unfinished ranks did so far, and take it in; returns the ranks still unfinished."""
+    """Ask the host what its ranks did so far, finished or not, and take it in; returns the ranks still unfinished."""
     worker = host.worker
     try:
-        worker.conn.send(Report())
+        worker.conn.send(Report(finished=True))
         end = time.monotonic() + REPORT_WAIT_S
         while time.monotonic() < end and worker.conn.poll(max(0.0, end - time.monotonic())):
             message = worker.conn.recv()
@@ -305,7 +326,7 @@ def _reported(host: Hosted, states: list[RankState], stuck: set[int]) -> set[int
                 continue
             if isinstance(message.message, Reported):
                 break
-            if message.rank in stuck and absorb(states[message.rank], message.message):
+            if 0 <= message.rank < len(states) and absorb(states[message.rank], message.message):
                 stuck.discard(message.rank)  # it finished just now
     except (EOFError, OSError):
         pass  # the host is gone: what it had not sent is lost with it

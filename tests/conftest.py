@@ -6,10 +6,12 @@ from hypothesis import HealthCheck, settings
 # deadline, and generation is allowed to be slower than Hypothesis' default budget.
 settings.register_profile("meshsim", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.register_profile("thorough", parent=settings.get_profile("meshsim"), max_examples=500)
-# CI draws the same examples on every run (derandomize), so what lands is what was tested; a developer's runs draw
-# new ones each time and go on finding what the fixed draw does not.
+# The suite draws the same examples on every run (derandomize), so what lands is what was tested and a pass or a
+# failure repeats; HYPOTHESIS_PROFILE=explore draws new ones each run, to go on finding what the fixed draw does not
+# (a random draw once found a torch bug the model did not know yet, and failed a run that had changed nothing).
 settings.register_profile("ci", parent=settings.get_profile("meshsim"), derandomize=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "meshsim"))
+settings.register_profile("explore", parent=settings.get_profile("meshsim"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["pytester"]
 

@@ -27,9 +27,9 @@ def matrix_plans(world: int) -> list[Plan]:
     where += [(list(two[0]), 0), (list(two[0]), 1)] if two else []
     where += [(list(three[0]), 1)] if three else []
     out = []
-    for shape, d in where:
-        for kind in ("R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"):
-            out.append(runnable(_matrix_steps(shape, d, kind)))
+    for shape in dict.fromkeys(tuple(shape) for shape, _ in where):  # one plan a mesh: its cells share it
+        dims = [d for s, d in where if tuple(s) == shape]
+        out.append(runnable(_cells(list(shape), dims)))
     if two:
         out.append(runnable(_identity(list(two[0]))))
         out.append(runnable(_caches_keyed_by_meshes(list(two[0]))))
@@ -48,23 +48,36 @@ def matrix_plans(world: int) -> list[Plan]:
     return out
 
 
-def _matrix_steps(shape: list[int], d: int, kind: str) -> list[Step]:
+def _cells(shape: list[int], dims: list[int]) -> list[Step]:
+    """Every source placement's cells at each of `dims`, on one mesh: a cell's checks do not need a mesh of their
+    own, and building one per cell was a quarter of what the ranks spent on the matrix."""
     names = [f"d{i}" for i in range(len(shape))]
     steps = [step("init_device_mesh", shape=shape, names=names, out="m")]
+    for d in dims:
+        for kind in ("R", "S", "P(sum)", "P(avg)", "P(max)", "P(min)"):
+            steps += _cell_steps(shape, d, kind, f"_{d}{kind[0]}{kind[2:-1]}")
+    return steps
+
+
+def _cell_steps(shape: list[int], d: int, kind: str, tag: str) -> list[Step]:
+    """One source placement at mesh dim `d` of mesh "m": made, redistributed to Replicate and to a Shard there, the
+    Shard moved to another tensor dim, then taken out; its handles end in `tag`."""
+    t, r, s, u = (f"{name}{tag}" for name in "trsu")
+    steps = []
     placements = ["R"] * len(shape)
     placements[d] = "S(0)" if kind == "S" else kind
     if kind.startswith("P"):
-        steps.append(step("from_local", mesh="m", local_shape=[3, 2], placements=placements, out="t"))
+        steps.append(step("from_local", mesh="m", local_shape=[3, 2], placements=placements, out=t))
     else:
-        steps.append(step("distribute", mesh="m", shape=[shape[d] + 1, 3], placements=placements, out="t"))
+        steps.append(step("distribute", mesh="m", shape=[shape[d] + 1, 3], placements=placements, out=t))
     if kind == "P(sum)" and len(shape) > 1:
         placements[1 - d] = "P(avg)"  # torch 2.13 lets sum and avg Partials share a DTensor
     to_r, to_s, moved = list(placements), list(placements), list(placements)
     to_r[d], to_s[d], moved[d] = "R", "S(1)" if kind == "S" else "S(0)", "S(0)" if kind == "S" else "S(1)"
-    steps += [step("redistribute", tensor="t", placements=to_r, out="r"),
-              step("redistribute", tensor="t", placements=to_s, out="s"),
-              step("redistribute", tensor="s", placements=moved, out="u"),
-              step("to_local", tensor="u"), step("full_tensor", tensor="u")]
+    steps += [step("redistribute", tensor=t, placements=to_r, out=r),
+              step("redistribute", tensor=t, placements=to_s, out=s),
+              step("redistribute", tensor=s, placements=moved, out=u),
+              step("to_local", tensor=u), step("full_tensor", tensor=u)]
     return steps
 
 

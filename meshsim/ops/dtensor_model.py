@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..core.wire import DTENSOR_CALL, NOT_SIMULATED, tensor_values
-from ..model.expect import Err, ModelRaise
+from ..model.expect import Err, ModelRaise, Quirk
 from ..spec.placements import parse_placement, placement_text
 from .registry import holds
 
@@ -20,7 +20,9 @@ class _Model:
     def __getattr__(self, name: str) -> Any:
         from ..model import dtensor
 
-        return getattr(dtensor, name)
+        value = getattr(dtensor, name)
+        setattr(self, name, value)  # found directly from now on: a prediction looks these up ~10^5 times
+        return value
 
 
 if TYPE_CHECKING:
@@ -236,11 +238,19 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
 
     key = ("redistribute", dt.shape, tuple(dt.placements), tuple(target),
            tuple(sorted(dt.beliefs.items())) if dt.beliefs else None)
+    refused = D.refused_lookup(mesh, D.plain_moves(dt.placements, target, tuple(mesh.shape))) \
+        if holds("redistribute-comms", mesh.platform) else None
     try:
         result = _derive(dt, mesh, dt.geometry, dt.shape, target, sim, key)
     except D.SizeMismatch as exc:
-        _move_calls(run, mesh, moves, what, exc)
+        if refused is None:
+            _move_calls(run, mesh, moves, what, exc)
         raise ModelRaise(Err(None, "")) from None  # right: an error; gloo: undefined (the prediction says so)
+    if refused is not None:  # torch raises while it plans, before any collective: the step's right value stands
+        run.refusal = Quirk(None, Err("KeyError", "Mesh dim indices should be in ascending order"),
+                            D.UNSORTED_LOOKUP)
+        run.findings.add(D.UNSORTED_LOOKUP)
+        return result
     _move_calls(run, mesh, moves, what)
     return result
 

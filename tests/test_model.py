@@ -260,3 +260,25 @@ def test_from_local_onto_a_slice_of_its_sources_mesh_is_predicted_where_values_a
         made, whole = predict_rank(plan, 2048, rank)[3:5]
         local = [1] if rank == 0 else [0]  # Shard(0) of one element over 2,048 ranks: rank 0 holds it
         assert made["local_shape"] == local and made["shape"] == local and whole["shape"] == local
+
+
+def _reversed_concatenation_gathered(order: list[str], release: tuple[int, int, int] = (2, 13, 0)) -> object:
+    """full_tensor() of a [S(0), S(0)] DTensor on the concatenation of a (4, 1, 2) root's dp and cp slices."""
+    from meshsim.spec.platform import Platform
+
+    plan = Plan((step("init_device_mesh", shape=[4, 1, 2], names=["dp", "tp", "cp"], out="m"),
+                 step("slice", src="m", names="dp", out="dp"), step("slice", src="m", names="cp", out="cp"),
+                 step("concatenate", srcs=order, out="c"),
+                 step("distribute", mesh="c", shape=[8], placements=["S(0)", "S(0)"], out="t"),
+                 step("full_tensor", tensor="t")))
+    return predict(plan, W, platform=Platform(release=release)).ranks[3].observations[-1]
+
+
+def test_a_merge_torch_looks_up_on_a_mesh_out_of_root_order_raises_keyerror_where_the_right_value_is_the_tensor():
+    observed = _reversed_concatenation_gathered(["cp", "dp"])
+    assert isinstance(observed, Quirk) and observed.finding == "dtensor-merge-lookup-refuses-unsorted-mesh"
+    assert observed.torch == Err("KeyError", "Mesh dim indices should be in ascending order")
+    assert observed.right["shape"] == [8] and observed.right["values"] == _reversed_concatenation_gathered(
+        ["dp", "cp"])["values"]  # in root order torch gathers the same tensor, with no finding
+    # before 2.11 torch merged nothing, so it looked nothing up
+    assert not isinstance(_reversed_concatenation_gathered(["cp", "dp"], (2, 10, 0)), Quirk)

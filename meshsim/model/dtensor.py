@@ -71,6 +71,7 @@ from .dtensor_plan import (
     is_shard,
     merged_moves,
     plain_moves,
+    unsorted_lookup,
 )
 from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 
@@ -82,7 +83,7 @@ __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_st
            "is_contiguous", "made_contiguous", "narrow", "pad", "reduce_blocks", "scale", "select_chunk",
            "split_padded", "sum_dim",
            "COMM_KINDS", "MERGEABLE", "Move", "comm_kind", "greedy_transforms", "is_shard", "merged_moves",
-           "plain_moves"]
+           "plain_moves", "unsorted_lookup"]
 
 T = TypeVar("T")
 
@@ -94,6 +95,7 @@ MAX_DTENSOR_RANKS = 1024
 FINDING = "dtensor-chunk-by-group-rank"
 MERGED = "dtensor-merged-collective-on-flattened-mesh"
 CONTRADICTED = "from-group-groups-contradict-mesh"
+UNSORTED_LOOKUP = "dtensor-merge-lookup-refuses-unsorted-mesh"
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"
 INDEXED_DEVICE = "dtensor-indexed-device-type"  # a mesh of device type "cpu:0": strategies that price a move fail
 NOT_CONTIGUOUS = "dtensor-local-not-contiguous"  # torch < 2.10 leaves an unpadded gather a view
@@ -526,6 +528,14 @@ def flattened_dims(mesh: Any) -> Callable[[tuple[int, ...]], bool] | None:
         return None
     layouts = {flat.layout[0] for flat in root.flatten_mapping.values() if len(flat.layout) == 1}
     return lambda dims: L.collapse(tuple(mesh.layout[d] for d in dims)) in layouts
+
+
+def refused_lookup(mesh: Any, moves: list[Move]) -> tuple[int, ...] | None:
+    """The dims of `mesh` whose flattened-mesh lookup torch's merge pass raises on (dtensor_plan.unsorted_lookup);
+    an unnamed mesh is never looked up."""
+    if not mesh.names:
+        return None
+    return unsorted_lookup(moves, lambda dims: L.is_descending(L.collapse(tuple(mesh.layout[d] for d in dims))))
 
 
 def flattened_mesh(mesh: Any, dims: tuple[int, ...]) -> Any:

@@ -84,29 +84,57 @@ def merged_moves(moves: list[Move], mesh_shape: tuple[int, ...], flattened: Call
     on a flattened mesh of the root that covers their dims (`flattened(dims)`), without reordering. `logical`:
     this rank's logical shape per mesh dim (a reduce_scatter merges only where it divides evenly)."""
     out: list[Move] = []
-    i = 0
+    for run in _runs(moves):
+        merged = _merge(run, mesh_shape, flattened, logical)
+        out.extend([merged] if merged is not None else run)
+    return out
+
+
+def _runs(moves: list[Move]) -> list[list[Move]]:
+    """The moves cut where torch's merge pass cuts them: runs of consecutive mergeable collectives of one kind,
+    every other move alone."""
+    runs, i = [], 0
     while i < len(moves):
         j = i + 1
         if comm_kind(moves[i]) in MERGEABLE:
             while j < len(moves) and comm_kind(moves[j]) in MERGEABLE and _same_collective(moves[j], moves[i]):
                 j += 1
-        merged = _merge(moves[i:j], mesh_shape, flattened, logical)
-        out.extend([merged] if merged is not None else moves[i:j])
+        runs.append(moves[i:j])
         i = j
-    return out
+    return runs
+
+
+def _merge_order(run: list[Move]) -> tuple[int, ...] | None:
+    """The run's mesh dims, ascending, where torch looks a flattened mesh up for it (None: too short, or in an
+    order torch does not merge: a reduce_scatter's dims ascending, an all_gather's descending)."""
+    if len(run) < 2:
+        return None
+    kind, dims = comm_kind(run[0]), tuple(m.dims[0] for m in run)
+    ascending = tuple(sorted(dims))
+    if (kind == "reduce_scatter" and dims != ascending) or (kind == "all_gather" and dims != ascending[::-1]):
+        return None
+    return ascending
+
+
+def unsorted_lookup(moves: list[Move], sorted_layout: Callable[[tuple[int, ...]], bool]) -> tuple[int, ...] | None:
+    """The mesh dims whose flattened-mesh lookup raises in torch (>= 2.11): _get_flattened_mesh_by_layout slices the
+    mesh by those dims' names before it searches, and slicing refuses dims whose layouts, collapsed, are not in the
+    root's order ("Mesh dim indices should be in ascending order": a concatenation of a later dim before an
+    earlier one), whether or not the root has any flattened mesh. `sorted_layout(dims)`: whether they are."""
+    for run in _runs(moves):
+        dims = _merge_order(run)
+        if dims is not None and not sorted_layout(dims):
+            return dims
+    return None
 
 
 def _merge(run: list[Move], mesh_shape: tuple[int, ...], flattened: Callable[[tuple[int, ...]], bool],
            logical: list[tuple[int, ...]]) -> Move | None:
     """try_create_flattened: the one move that replaces `run`, or None where torch keeps them apart."""
-    if len(run) < 2:
+    ascending = _merge_order(run)
+    if ascending is None:
         return None
-    first, kind = run[0], comm_kind(run[0])
-    dims = tuple(m.dims[0] for m in run)
-    ascending = tuple(sorted(dims))
-    # a reduce_scatter merges in ascending dim order, an all_gather (innermost first) in descending
-    if (kind == "reduce_scatter" and dims != ascending) or (kind == "all_gather" and dims != ascending[::-1]):
-        return None
+    first, kind, dims = run[0], comm_kind(run[0]), tuple(m.dims[0] for m in run)
     if not flattened(ascending):
         return None
     at = first.dims[0]

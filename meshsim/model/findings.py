@@ -173,6 +173,24 @@ REGISTRY: dict[str, Finding] = {
             since="2.11.0",
         ),
         Finding(
+            "dtensor-merge-lookup-refuses-unsorted-mesh",
+            "A redistribute on a mesh whose dims are out of the root's order raises KeyError while torch plans a "
+            "merge it would not make",
+            "torch-wrong",
+            "Before it merges a run of two or more all_gathers, all_reduces or reduce_scatters on several mesh dims "
+            "into one collective (_optimize_transform_infos), torch looks for a flattened mesh of those dims by "
+            "slicing the mesh by their names (_get_flattened_mesh_by_layout -> _get_slice_mesh_layout), and that "
+            "slice refuses dims whose layouts are not in the root's order. A mesh that puts a later root dim first "
+            "(DeviceMesh._concatenate([m['cp'], m['dp']]) of a ('dp', 'tp', 'cp') root) is such a mesh, so "
+            "full_tensor() of a [S(0), S(0)] DTensor on it raises KeyError(\"Invalid mesh_dim_names ('cp', 'dp') "
+            "specified. Mesh dim indices should be in ascending order.\") on every rank, whether or not the root "
+            "has any flattened mesh; the same DTensor on the mesh in root order gathers. Found by meshsim's sweep. "
+            "Not on the trackers (searched: redistribute KeyError ascending order _get_flattened_mesh_by_layout; "
+            "pytorch/pytorch#174006 mends an IndexError of the same lookup on unflattened meshes). Right: a lookup "
+            "that cannot find a flattened mesh keeps the collectives apart.",
+            since="2.11.0",
+        ),
+        Finding(
             "from-group-groups-contradict-mesh",
             "DeviceMesh.from_group takes n-D groups that contradict the mesh it is given",
             "torch-wrong",

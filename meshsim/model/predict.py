@@ -317,6 +317,8 @@ class RankRun:
         self.plan = plan
         self.index = -1
         self.step: Step | None = None  # the step being observed
+        # where torch raises inside a step the model otherwise carries out (its right value), the error and finding
+        self.refusal: Quirk | None = None
 
     def args_of(self, rank: int, own: dict[str, Any]) -> dict[str, Any]:
         """The current step's arguments as `rank` gets them (its on_rank overrides): every rank simulates what
@@ -368,8 +370,11 @@ def observe_step(run: RankRun, st: Step, args: dict[str, Any], index: int) -> An
     """What this rank observes at one step: the op's model step, with torch's errors as values."""
     run.index = run.model.step = index
     run.step = st
+    run.refusal = None
     try:
         value = operation_of(st).model(run, args)
+        if run.refusal is not None:  # torch raised inside the step: the right value is what it should have given
+            raise ModelRaise(Quirk(_shape_result(run, value), run.refusal.torch, run.refusal.finding))
         if st.out is not None:
             run.handles[st.out] = value
         if isinstance(value, DTensorModel):

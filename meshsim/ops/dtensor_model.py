@@ -18,11 +18,11 @@ class _Model:
     """meshsim.model.dtensor, imported on first use: ranks run only the torch parts and never import the model."""
 
     def __getattr__(self, name: str) -> Any:
+        global D
         from ..model import dtensor
 
-        value = getattr(dtensor, name)
-        setattr(self, name, value)  # found directly from now on: a prediction looks these up ~10^5 times
-        return value
+        D = dtensor  # the module itself from now on: a prediction looks names up in it ~10^5 times
+        return getattr(dtensor, name)
 
 
 if TYPE_CHECKING:

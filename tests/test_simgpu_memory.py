@@ -50,6 +50,13 @@ def test_a_copy_naming_the_cpu_that_a_gpu_tensor_reports_stays_on_its_gpu(checks
                                                             "host_type_as": 0}
 
 
+def test_views_in_place_operators_and_host_copies_allocate_nothing_and_new_results_their_block(checks):
+    for rank in checks:  # 64 x 64 float32: 16 KiB; an out= host buffer that GPU inputs write becomes GPU memory
+        assert rank["each_operator_counted_by_what_it_allocates"] == {
+            "views": 0, "in_place": 0, "copy_to_host": 0, "host_op": 0, "new_result": 16384,
+            "out_into_host_buffer": 16384, "resize_": 16384, "steps_level": True}
+
+
 def test_memory_stats_has_the_keys_training_stacks_read(checks):
     keys = set(checks[0]["allocator_arithmetic"]["keys"])
     assert {"active_bytes.all.peak", "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms"} <= keys

@@ -107,6 +107,40 @@ def copies_that_name_their_own_device():
     return found
 
 
+@check
+def each_operator_counted_by_what_it_allocates():
+    """Views, in-place operators and copies into a host tensor allocate nothing on the GPU; a new result, an out=
+    buffer on the host that GPU inputs write into, and a storage's resize_ do, each its block; a training loop's
+    memory stays level from one step to the next (meshsim.compat.simgpu.memory skips what cannot allocate)."""
+    a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")  # 16 KiB blocks
+    host = torch.empty(64, 64)
+    found = {}
+
+    def delta(name, make):
+        before = torch.cuda.memory_allocated()
+        kept = make()
+        found[name] = torch.cuda.memory_allocated() - before
+        return kept
+
+    delta("views", lambda: [a.t(), a.view(-1), a.detach(), a.expand(2, 64, 64), *a.split(16), a[3:], a.T.T])
+    delta("in_place", lambda: (a.add_(1), a.mul_(b), a.relu_(), torch.mul(a, b, out=a)))
+    delta("copy_to_host", lambda: host.copy_(a))
+    delta("host_op", lambda: host + host)
+    out = delta("new_result", lambda: a @ b)
+    delta("out_into_host_buffer", lambda: torch.mul(a, b, out=torch.empty(64, 64)))
+    delta("resize_", lambda: out.untyped_storage().resize_(64 * 64 * 4 * 2))
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    steps = []
+    for _ in range(4):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(a), torch.zeros(64, dtype=torch.long, device="cuda")).backward()
+        optimizer.step()
+        steps.append(torch.cuda.memory_allocated())
+    found["steps_level"] = len(set(steps[1:])) == 1
+    return found
+
+
 def _mlp(width=256, layers=4):
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])

@@ -114,6 +114,12 @@ class Allocator:
         self.fraction = 1.0
         self.pools = {name: Pool() for name in POOLS}
         self.stats = {(kind, pool): Stat() for kind in COUNTED for pool in ("all",) + POOLS}
+        # each pool's Stats that one allocation moves, by what they count (blocks, block bytes, requested bytes):
+        # an allocation and a free walk these lists alone (they are most of a training step's accounting)
+        self._moved = {pool: tuple(tuple(self.stats[(kind, where)] for kind in kinds for where in ("all", pool))
+                                   for kinds in (("allocation", "active"), ("allocated_bytes", "active_bytes"),
+                                                 ("requested_bytes",)))
+                       for pool in POOLS}
         self.retries = 0
         self.ooms = 0
         self.device_allocs = 0
@@ -150,9 +156,12 @@ class Allocator:
         if pool.cached < block:
             self._reserve(name, segment_for(block), block, size)
         pool.allocated += block
-        self._count(("allocation", "active"), name, 1)
-        self._count(("allocated_bytes", "active_bytes"), name, block)
-        self._count(("requested_bytes",), name, size)
+        for stats, amount in zip(self._moved[name], (1, block, size)):
+            for stat in stats:  # (Stat.add, inlined)
+                stat.current += amount
+                stat.allocated += amount
+                if stat.current > stat.peak:
+                    stat.peak = stat.current
         return block
 
     def check(self, size: int) -> None:
@@ -185,9 +194,10 @@ class Allocator:
         block = round_size(size)
         name = pool_of(block)
         self.pools[name].allocated -= block
-        self._count(("allocation", "active"), name, -1)
-        self._count(("allocated_bytes", "active_bytes"), name, -block)
-        self._count(("requested_bytes",), name, -size)
+        for stats, amount in zip(self._moved[name], (1, block, size)):
+            for stat in stats:  # (Stat.remove, inlined)
+                stat.current -= amount
+                stat.freed += amount
 
     def empty_cache(self) -> None:
         """Release the cached segments each pool can give back whole (largest first)."""

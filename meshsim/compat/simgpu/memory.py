@@ -18,6 +18,7 @@ Tensors moved to the CPU (.cpu(), .to("cpu")) are the same memory here and stay 
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections import OrderedDict
@@ -35,11 +36,12 @@ class Books:
     gpu: GPU = gpu_of(None)
     allocators: dict[int, Allocator] = {}
     storages: dict[int, tuple[int, int]] = {}  # storage._cdata -> (device, bytes)
+    refs: dict[int, Any] = {}  # storage._cdata -> the weak reference that releases it
     mode: Any = None
 
 
 def reset(gpu: GPU) -> None:
-    Books.gpu, Books.allocators, Books.storages = gpu, {}, {}
+    Books.gpu, Books.allocators, Books.storages, Books.refs = gpu, {}, {}, {}
 
 
 def allocator(device: int | None = None) -> Allocator:
@@ -69,7 +71,9 @@ def _count(storage: Any, device: int, where: Any = "") -> None:
     except OutOfMemory as exc:
         raise _oom(exc.message, device, str(where)) from None
     Books.storages[key] = (device, size)
-    weakref.finalize(storage, _release, key)
+    # a weak reference's callback, kept alive by the books, frees the bytes with the storage (weakref.finalize
+    # costs twice as much, and a training step counts and frees a storage per operator it runs)
+    Books.refs[key] = weakref.ref(storage, functools.partial(_released, key))
 
 
 def check(size: int, device: Any, where: str = "") -> None:
@@ -81,7 +85,12 @@ def check(size: int, device: Any, where: str = "") -> None:
         raise _oom(exc.message, index, where) from None
 
 
+def _released(key: int, _: Any) -> None:
+    _release(key)
+
+
 def _release(key: int) -> None:
+    Books.refs.pop(key, None)
     device, size = Books.storages.pop(key, (None, 0))
     if device is not None:
         allocator(device).free(size)
@@ -115,13 +124,24 @@ def _oom(message: str, device: int, where: str) -> Exception:
                                   f"{Books.gpu.describe()}{site})")
 
 
+def _plain() -> tuple[type, ...]:
+    import torch
+
+    return (torch.Tensor, torch.nn.Parameter)
+
+
+_PLAIN: tuple[type, ...] = ()  # torch.Tensor and Parameter once torch is imported: nearly every operand is one
+
+
 def _storages(tensor: Any) -> list[Any]:
     """The storages a tensor's data is in (a wrapper subclass's inner tensors'); none for meta or fake ones."""
+    if type(tensor) in _PLAIN:  # no subclass to look into (first, and without imports: this runs for every operator)
+        return [tensor.untyped_storage()] if tensor.is_cpu else []
     import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # nearly every operand: no subclass to
-        return [tensor.untyped_storage()] if tensor.is_cpu else []  # look into (this runs for every operator)
+    if type(tensor) in _plain():
+        return [tensor.untyped_storage()] if tensor.is_cpu else []
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
         inner = [getattr(tensor, name) for name in names]  # (a subclass may name a non-tensor, as a mesh)
@@ -174,41 +194,86 @@ def _device_of(tensors: list[Any]) -> int | None:
     return None
 
 
-_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}  # operator -> its arguments written in place (pos, name)
+# What accounting does for an operator, read once from its schema (a training step runs the same few dozen
+# operators over and over, and most of them cannot create a storage). _VIEW: it writes nothing and returns only
+# aliases of its inputs, whose storages are counted already or host memory; _COPY: a copy_ or set_, which keeps
+# its destination where it is. Neither has anything to count.
+_VIEW = ((-1, "view"),)
+_COPY = ((-1, "copy"),)
+# operator -> None (it returns new tensors), _VIEW, _COPY, or the arguments it writes in place (position, name)
+_OPS: dict[Any, tuple[tuple[int, str], ...] | None] = {}
 
 
-def _written(func: Any) -> tuple[tuple[int, str], ...]:
-    found = _WRITES.get(func)
-    if found is None:
-        schema = getattr(func, "_schema", None)  # a higher-order operator has none: it returns new tensors
-        found = tuple((i, a.name) for i, a in enumerate(schema.arguments)
-                      if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
-        _WRITES[func] = found
+def _op(func: Any) -> tuple[tuple[int, str], ...] | None:
+    """What accounting does for `func` (see _OPS), found from its schema and remembered."""
+    schema = getattr(func, "_schema", None)  # a higher-order operator has none: it returns new tensors
+    found = None
+    if schema is not None:
+        written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write)
+        if written:
+            found = _COPY if func.__name__ in _COPIES else written
+        elif schema.returns and all(r.alias_info is not None for r in schema.returns):
+            found = _VIEW
+    _OPS[func] = found
     return found
+
+
+def _storage_entries(values: Any) -> list[tuple[Any, tuple[int, int] | None]]:
+    """(storage, its entry in the books or None) of every storage of the tensors among `values`."""
+    books = Books.storages
+    if type(values) in _PLAIN:  # the commonest: one plain tensor
+        if not values.is_cpu:
+            return []
+        storage = values.untyped_storage()
+        return [(storage, books.get(storage._cdata))]
+    return [(storage, books.get(storage._cdata)) for t in _tensors(values) for storage in _storages(t)]
+
+
+def _input_device(args: tuple, kwargs: dict) -> int | None:
+    """The simulated GPU of an operator's first input that lives on one (plain tensors looked up directly: this
+    runs for most operators that allocate)."""
+    import torch
+
+    storages = Books.storages
+    for value in (*args, *kwargs.values()):
+        for tensor in (value if isinstance(value, (list, tuple)) else (value,)):
+            if type(tensor) in _PLAIN:
+                if tensor.is_cpu:
+                    entry = storages.get(tensor.untyped_storage()._cdata)
+                    if entry is not None:
+                        return entry[0]
+            elif isinstance(tensor, torch.Tensor):
+                found = _device_of([tensor])
+                if found is not None:
+                    return found
+    return None
 
 
 def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """Count what an operator put on a simulated GPU: its outputs, and what it wrote into in place."""
-    written = _written(func)
+    op = _OPS[func] if func in _OPS else _op(func)
+    if op is _VIEW or op is _COPY:
+        return
     asked = kwargs.get("device")
-    if asked is not None and is_gpu(asked):
-        device: int | None = _device(asked)
-    elif asked is not None and not (func.__name__ in _STAYS and str(asked) == "cpu"):
+    if asked is not None and not is_gpu(asked) and not (func.__name__ in _STAYS and str(asked) == "cpu"):
         return  # asked for the CPU (or meta): host memory
-    else:
-        inputs = [t for a in args for t in _tensors(a)] + [t for v in kwargs.values() for t in _tensors(v)]
-        device = _device_of(inputs)
-    targets = [] if written else _tensors(out)
-    if written and func.__name__ not in _COPIES:
-        targets = [t for i, name in written for t in _tensors(args[i] if i < len(args) else kwargs.get(name))]
-        for tensor in targets:
-            for storage in _storages(tensor):
+    if op is None:  # new outputs: those not counted yet need the inputs' device
+        fresh = [storage for storage, entry in _storage_entries(out) if entry is None]
+    else:  # in place: a written storage already counted at its size stays as it is (the usual add_, mul_.out)
+        entries = [(storage, entry) for i, name in op
+                   for storage, entry in _storage_entries(args[i] if i < len(args) else kwargs.get(name))]
+        for storage, entry in entries:
+            if entry is not None and entry[1] != storage.nbytes():
                 _resized(storage, func)  # resize_, set_, a collective into a freed buffer
+        fresh = [storage for storage, entry in entries if entry is None]
+    if not fresh:
+        return
+    device = _device(asked) if asked is not None and is_gpu(asked) else _input_device(args, kwargs)
     if device is None:
         return
-    for tensor in targets:
-        for storage in _storages(tensor):
-            _count(storage, device, func)
+    for storage in fresh:
+        _count(storage, device, func)
 
 
 # A simulated GPU's tensor reports device cpu, so a copy that names its own device names the CPU: type_as (C++
@@ -232,13 +297,25 @@ def _mode() -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
-            if any(issubclass(t, passed_down) for t in types):
+            if types and _passes_down(types, passed_down):
                 return NotImplemented  # DTensor runs its local operators below this mode: they are counted there
             out = func(*args, **kwargs)
-            account(func, args, kwargs, out)
+            if _OPS.get(func, True) is not _VIEW:  # (a view, the commonest operator, stops here)
+                account(func, args, kwargs, out)
             return out
 
     return DeviceMemory()
+
+
+_PASSED: dict[tuple, bool] = {}  # the argument types of an operator -> whether one of them is passed down
+
+
+def _passes_down(types: Any, passed_down: tuple[type, ...]) -> bool:
+    key = tuple(types)
+    found = _PASSED.get(key)
+    if found is None:
+        found = _PASSED[key] = any(issubclass(t, passed_down) for t in key)
+    return found
 
 
 def _subclasses_that_dispatch_locally() -> tuple[type, ...]:
@@ -382,6 +459,8 @@ def install(gpu: Any = None) -> None:
                 setattr(module, name, lambda device_index=None, /, fn=functions[ours]: fn(device_index))
     _follow_resize()
     _follow_module_to()
+    global _PLAIN
+    _PLAIN = _plain()
     if Books.mode is None:
         Books.mode = _mode()
         Books.mode.__enter__()  # for the rest of this rank's life

@@ -216,7 +216,7 @@ class CallDone(NamedTuple):
 
 class Batch(NamedTuple):
     """Several messages of a rank in one: a plan's "call returned" rides with the message that follows it, and a
-    thread rank's progress rides with its result (meshsim.run.threads)."""
+    thread rank's progress rides with a function's result, or with what a Report asks for (meshsim.run.threads)."""
 
     events: tuple[Any, ...]
 

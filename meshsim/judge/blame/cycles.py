@@ -47,7 +47,32 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
-    return {}
+    return _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
+
+
+def _odd_stages(held: dict[int, CallBegun], cycle: set[int], shapes: dict[int, Any]) -> dict[int, Cause]:
+    """A pipeline whose stages wait at different lines (the first stage, by the bug, at a line the others do not
+    reach): where most of the cycle's ranks wait with a peer at one offset (each stage receives from the one before)
+    and a minority with another (the first stage, from the wrap-around peer), the minority broke the pattern.
+    Only where every held call of the cycle is between two ranks (`shapes`: their peers, _peer)."""
+    if not shapes or any(shape is None for shape in shapes.values()):
+        return {}
+    counts = Counter(shapes.values()).most_common()
+    usual, most = counts[0]
+    if len(counts) < 2 or most * 2 <= len(shapes) or counts[1][1] == most:
+        return {}
+    others = sorted(r for r, shape in shapes.items() if shape == usual)
+    found: dict[int, Cause] = {}
+    for r, shape in sorted(shapes.items()):
+        if shape != usual:
+            call = held[r]
+            found[r] = Cause(r, KINDS["reordered"], (
+                f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
+                f"{site_text(call.site)}, {_said(shape)}, where ranks {ranks_text(others)} of the cycle wait "
+                f"{_said(usual)}: the one stage that waits on another peer (a first stage receiving from the "
+                f"wrap-around one, where every other stage receives from the stage before it), and ranks "
+                f"{ranks_text(sorted(cycle))} wait behind it"), call.group, call.seq)
+    return found
 
 
 def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[int],
@@ -117,13 +142,18 @@ def _shape(rank: int, group: str, members: dict[str, tuple[int, ...]], order: St
     role = order.roles.get(group)
     if isinstance(role, tuple) and role[0] in PARTS:
         return role
+    return _peer(rank, group, members) or ("group", group)
+
+
+def _peer(rank: int, group: str, members: dict[str, tuple[int, ...]]) -> Any:
+    """Whom a rank waits with on a point-to-point channel or a group of two, relative to it (None: a larger group)."""
     ends = channel_ends(group)
     if ends is not None:
         return ("channel", ends[0] - rank, ends[1] - rank)
     ranks = members.get(group)
     if ranks is not None and len(ranks) == 2 and rank in ranks:
         return ("pair", next(m for m in ranks if m != rank) - rank)
-    return ("group", group)
+    return None
 
 
 def _nth(states: list[RankState], rank: int, group: str, order: StateOrder) -> Any:

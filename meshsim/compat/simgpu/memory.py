@@ -9,9 +9,10 @@ Which storages live on a simulated GPU (they are all in CPU memory; this says wh
   out= buffer or a collective's output (FSDP's all-gather and reduce-scatter buffers);
 - not: a copy_ into a CPU tensor (a device-to-host copy), a factory asked for the CPU.
 A TorchDispatchMode sees every operator, whoever calls it (DTensor's own operators pass it down to their local
-ones); a storage's finalizer frees its bytes when torch frees it; UntypedStorage.resize_ (FSDP's free and
-re-allocation of unsharded parameters) is followed. The bytes go through the caching allocator's books
-(allocator.py), which answer memory_stats() and the rest, and raise CUDA's OutOfMemoryError past the capacity.
+ones), and skips at once those that cannot allocate (views, copies); a weak reference to each storage frees its
+bytes when torch frees it; UntypedStorage.resize_ (FSDP's free and re-allocation of unsharded parameters) is
+followed. The bytes go through the caching allocator's books (allocator.py), which answer memory_stats() and the
+rest, and raise CUDA's OutOfMemoryError past the capacity.
 
 Tensors moved to the CPU (.cpu(), .to("cpu")) are the same memory here and stay counted on their GPU until freed.
 """

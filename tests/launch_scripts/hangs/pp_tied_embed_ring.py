@@ -50,7 +50,7 @@ def main():
         if stage == 0 and step % 2 == 0:
             # sync point for the tied embedding: pick up the last stage's embedding gradient
             dist.broadcast(tied_grad, src=prev_rank, group=from_prev)
-        for mb in range(MICRO):
+        for _mb in range(MICRO):
             tokens = torch.randint(0, VOCAB, (MB_SIZE,), generator=g)
             if stage == 0:
                 act = embedding[tokens]

@@ -92,21 +92,7 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     stacks = open(spec.stack_file, "w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
     world = spec.hosts * spec.devices_per_host
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch.testing._internal.distributed.multi_threaded_pg import (
-            _install_threaded_pg,
-        )
-
-        torch.set_num_threads(1)
-        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # names per thread
-        _install_threaded_pg()
-        patching.install("threaded.reduce-scatter-max-min")
-        store = dist.HashStore()
-    except Exception as exc:  # this torch has no threaded process group
-        conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
-        os._exit(4)
+    store = _threaded_world(conn)
     lock = threading.Lock()
     # Each rank's progress stays here until the controller asks for it (Report: a run past its deadline, quiet for a
     # while, or one that did not end well), or a result other than a plan's goes (in the same message): a pipe
@@ -156,6 +142,42 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         idents[rank] = outcome
     conn.send(Ready(os.getpid()))
     conn.send(FromRank(-1, idents))  # thread ident -> rank, to split faulthandler's dump
+
+    def report(finished: bool) -> None:
+        if finished:
+            asked[:] = [True] * world
+        for rank, log in enumerate(logs):
+            events = _drain(log) if finished or not done[rank] else None
+            if events:
+                post(rank, Batch(tuple(events)))
+        post(-1, Reported())
+
+    _serve(conn, inboxes, report)
+
+
+def _threaded_world(conn: Any) -> Any:
+    """torch's threaded process group, installed in this process, and the store its ranks meet at (a torch that
+    has none: the controller is told, and the host ends)."""
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.multi_threaded_pg import (
+            _install_threaded_pg,
+        )
+
+        torch.set_num_threads(1)
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # names per thread
+        _install_threaded_pg()
+        patching.install("threaded.reduce-scatter-max-min")
+        return dist.HashStore()
+    except Exception as exc:  # this torch has no threaded process group
+        conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))
+        os._exit(4)
+
+
+def _serve(conn: Any, inboxes: list[queue.Queue[Any]], report: Callable[[bool], None]) -> None:
+    """The controller's commands, until it stops the host or goes: every rank gets each piece of work; a Report
+    is answered here."""
     while True:
         try:
             message = conn.recv()
@@ -164,13 +186,7 @@ def host_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         if isinstance(message, Stop):
             os._exit(0)
         if isinstance(message, Report):
-            if message.finished:
-                asked[:] = [True] * world
-            for rank, log in enumerate(logs):
-                events = _drain(log) if message.finished or not done[rank] else None
-                if events:
-                    post(rank, Batch(tuple(events)))
-            post(-1, Reported())
+            report(message.finished)
             continue
         for inbox in inboxes:
             inbox.put(message)

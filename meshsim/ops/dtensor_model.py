@@ -224,10 +224,11 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
         return D.DTensorModel(dt.mesh, None, dt.shape, target, dt.right, dt.right)
     mesh = dt.mesh
     test = D.flattened_dims(mesh)
+    plain = D.plain_moves(dt.placements, target, tuple(mesh.shape))  # torch's greedy plan, before its merge pass
     try:
         mine = torch_plan(dt, target, test)
     except _Unsimulated:
-        mine = D.plain_moves(dt.placements, target, tuple(mesh.shape))
+        mine = plain
     moves = [m for m in mine if D.comm_kind(m) and math.prod(mesh.shape[d] for d in m.dims) > 1]
     if moves and not mesh.backend_ready:
         raise ModelRaise(Err("AttributeError", "_dim_group_names"))  # funcol looks the groups up by name
@@ -238,8 +239,7 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
 
     key = ("redistribute", dt.shape, tuple(dt.placements), tuple(target),
            tuple(sorted(dt.beliefs.items())) if dt.beliefs else None)
-    refused = D.refused_lookup(mesh, D.plain_moves(dt.placements, target, tuple(mesh.shape))) \
-        if holds("redistribute-comms", mesh.platform) else None
+    refused = D.refused_lookup(mesh, plain) if holds("redistribute-comms", mesh.platform) else None
     try:
         result = _derive(dt, mesh, dt.geometry, dt.shape, target, sim, key)
     except D.SizeMismatch as exc:

@@ -262,6 +262,23 @@ def test_from_local_onto_a_slice_of_its_sources_mesh_is_predicted_where_values_a
         assert made["local_shape"] == local and made["shape"] == local and whole["shape"] == local
 
 
+@pytest.mark.parametrize("shape, outside", [(None, "error"), ([0, 0], "dtensor"), ([4], "dtensor")])
+def test_from_local_checks_shard_dims_as_torch_does_on_ranks_outside_the_mesh(shape, outside):
+    """Measured on torch 2.13: without `shape` from_local infers the global shape on every rank, so Shard(1) of a
+    1-D block raises on members and non-members alike; with `shape` torch trusts the caller, and a rank outside the
+    mesh (its block is the empty 1-D tensor a non-member holds) gets a DTensor whatever the placements say."""
+    given = {} if shape is None else {"shape": shape}
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="w"),
+                 step("distribute", mesh="w", shape=[4], placements=["S(0)", "R"], out="t"),
+                 step("mesh", layout=[[[0]], [[1]]], out="m"),
+                 step("from_local", mesh="m", tensor="t", placements=["R", "R", "S(1)"], out="v", **given)))
+    made = predict_rank(plan, 8, 5)[3]
+    if outside == "error":
+        assert isinstance(made, Err)
+    else:
+        assert made["shape"] == shape and made["local_shape"] == [0] and made["values"] == []
+
+
 def _reversed_concatenation_gathered(order: list[str], release: tuple[int, int, int] = (2, 13, 0)) -> object:
     """full_tensor() of a [S(0), S(0)] DTensor on the concatenation of a (4, 1, 2) root's dp and cp slices."""
     from meshsim.spec.platform import Platform

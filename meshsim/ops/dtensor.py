@@ -270,7 +270,8 @@ class FromLocal:
         given = _from_local_inputs(run, source, a, geo)
         mine = given.right[run.model.rank]
         placements = placements_of(a, len(mine.shape))
-        D.check_placements(placements, mesh.ndim, len(mine.shape), holds("mixed-partials-refused", run.model.platform))
+        D.check_placements(placements, mesh.ndim, _sharded_ndim(a, mine, geo),
+                           holds("mixed-partials-refused", run.model.platform))
         shape = tuple(a["shape"]) if "shape" in a else global_shape(mine.shape, placements, mesh.shape)
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
@@ -327,6 +328,15 @@ class FromLocal:
         placements = draw(placement_lists(mesh.ndim, len(local_shape)))
         return step("from_local", mesh=handle, local_shape=local_shape, placements=placements, run_check=run_check,
                     out=b.fresh("t"))
+
+
+def _sharded_ndim(a: dict, mine: Any, geo: Any) -> int | None:
+    """The ndim from_local checks Shard dims against (measured, torch 2.13): without `shape`, the local block's,
+    on every rank, members or not (torch infers the global shape first); with `shape`, torch trusts the caller:
+    a member's DTensor is checked against the shape it claims, a rank outside the mesh is not checked at all."""
+    if "shape" not in a:
+        return len(mine.shape)
+    return None if geo is None else len(a["shape"])
 
 
 def _beliefs(run: Any, a: dict, blocks: D.Blocks, placements: list[tuple], mesh_shape: tuple[int, ...]

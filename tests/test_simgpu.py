@@ -121,3 +121,12 @@ def test_unsimulated_cuda_apis_raise_simulated_gpu_error_naming_the_api(checks):
 
 def test_streams_and_events_are_synchronous(checks):
     assert checks[0]["streams_and_events"] == [False, True, False, [2.0, 2.0]]
+
+
+def test_a_new_stream_is_its_own_and_events_time_the_work_between_them_as_cuda_events_do(checks):
+    for rank in checks:
+        timed = rank["streams_are_distinct_and_events_timed"]
+        assert timed["streams"] == [True, True, True, True, True]
+        assert timed["elapsed"] == [True, True, True]
+        assert timed["untimed"] == "RuntimeError: Both events must be created with argument 'enable_timing=True'."
+        assert timed["unrecorded"] == "RuntimeError: Both events must be recorded before calculating elapsed time."

@@ -226,8 +226,6 @@ def unsimulated_apis_raise():
         "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
         "torch.cuda.graph": lambda: torch.cuda.graph(None),
         "torch.cuda.list_gpu_processes": lambda: torch.cuda.list_gpu_processes(),
-        "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event(enable_timing=True).elapsed_time(
-            torch.cuda.Event()),
     }.items()}
 
 
@@ -279,6 +277,31 @@ def streams_and_events():
     torch.cuda.current_stream().wait_stream(stream)
     y.record_stream(stream)
     return [stream.is_capturing(), event.query(), torch.cuda.is_current_stream_capturing(), y.tolist()]
+
+
+@check
+def streams_are_distinct_and_events_timed():
+    """A new stream is not the default one and is current inside its context; events recorded around work time it
+    (host clock, the work having run when it returns), with CUDA's errors for events that cannot be timed;
+    torch.Stream / torch.Event for "cuda" are the simulated ones."""
+    default, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        inside = torch.cuda.current_stream() == side
+    start, end, untimed = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event())
+    start.record()
+    torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda")
+    end.record()
+    end.synchronize()
+    untimed.record()
+    generic = torch.Event(device="cuda", enable_timing=True)
+    generic.record()
+    return {"streams": [side != default, inside, torch.cuda.current_stream() == default,
+                        torch.cuda.default_stream() == default, isinstance(torch.Stream(device="cuda"), torch.Stream)],
+            "elapsed": [start.elapsed_time(end) >= 0, start.elapsed_time(end) == start.elapsed_time(end),
+                        isinstance(generic.elapsed_time(generic), float)],
+            "untimed": raises(lambda: start.elapsed_time(untimed)),
+            "unrecorded": raises(lambda: torch.cuda.Event(enable_timing=True).elapsed_time(end))}
 
 
 report(600)

@@ -9,13 +9,15 @@ answer on the CPU.
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 import types
 from typing import Any
 
 from ..patching import patch
 from . import memory
-from .state import State, initialize, ordinal, refusal, refused
+from .state import State, initialize, is_gpu, ordinal, refused
 
 
 def _current_index(device: Any = None) -> int:
@@ -35,15 +37,18 @@ def _initializing(fn: Any) -> Any:
 
 
 class Stream:
-    """A synchronous stream: work queued on it has finished by the time it is queued."""
+    """A synchronous stream: work queued on it has finished by the time it is queued. Each stream is its own (a new
+    one is not the default stream); the current stream is the one a stream context or set_stream chose."""
 
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
+    _made = itertools.count(1)
+
+    def __init__(self, device: Any = None, priority: int = 0, *, default: bool = False, **kwargs: Any):
         import torch
 
         self.device = torch.device("cuda", _current_index(device))
         self.priority = priority
-        self.cuda_stream = 0
-        self.stream_id = 0
+        self.stream_id = 0 if default else next(Stream._made)
+        self.cuda_stream = self.stream_id  # the default stream's handle is 0, as CUDA's legacy default stream
         self.device_type = "cuda"
         self.device_index = self.device.index
 
@@ -68,30 +73,52 @@ class Stream:
         return False  # no CUDA graph is ever being captured here: graphs are refused
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.device == self.device
+        return isinstance(other, Stream) and (other.device, other.stream_id) == (self.device, self.stream_id)
 
     def __hash__(self) -> int:
-        return hash(("meshsim-stream", self.device.index))
+        return hash(("meshsim-stream", self.device.index, self.stream_id))
 
     def __enter__(self) -> Stream:
+        self._context = StreamContext(self)
+        self._context.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        self._context.__exit__(*exc)
 
     def __repr__(self) -> str:
-        return f"<simulated cuda stream on {self.device}, synchronous>"
+        return f"<simulated cuda stream {self.stream_id} on {self.device}, synchronous>"
+
+
+_CURRENT_STREAMS: dict[int, Stream] = {}  # device -> the stream set current on it (absent: the default stream)
+
+
+def current_stream(device: Any = None) -> Stream:
+    index = _current_index(device)
+    return _CURRENT_STREAMS.get(index) or Stream(index, default=True)
+
+
+def set_stream(stream: Any) -> None:
+    if stream is not None:
+        _CURRENT_STREAMS[stream.device.index] = stream
 
 
 class Event:
-    """A synchronous event: recorded means reached. It has no timing (elapsed_time is refused)."""
+    """A synchronous event: recorded means reached. Its time is the host's clock when it was recorded (the work
+    queued before it has run by then), so elapsed_time is the wall time of the CPU's work between two events."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **_: Any):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 device: Any = None, **_: Any):
+        import torch
+
         self.enable_timing = enable_timing
         self.recorded = False
+        self.time = 0.0
+        self.device = None if device is None else torch.device("cuda", _current_index(device))
 
     def record(self, stream: Any = None) -> None:
         self.recorded = True
+        self.time = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -102,8 +129,13 @@ class Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, other: Any) -> float:
-        raise refusal("torch.cuda.Event.elapsed_time", "meshsim's GPUs are simulated on the CPU and have no timing")
+    def elapsed_time(self, end_event: Any) -> float:
+        """Milliseconds between this event and end_event, with CUDA's errors for events that cannot be timed."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if not (self.recorded and end_event.recorded):
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event.time - self.time) * 1000.0
 
 
 class DeviceContext:
@@ -123,14 +155,25 @@ class DeviceContext:
 
 
 class StreamContext:
+    """torch.cuda.stream(s): s is its device's current stream inside, the previous one after (None: no change)."""
+
     def __init__(self, stream: Any):
         self.stream = stream
+        self.previous: Stream | None = None
 
     def __enter__(self) -> Any:
+        if self.stream is not None:
+            self.previous = _CURRENT_STREAMS.get(self.stream.device.index)
+            set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        if self.stream is None:
+            return
+        if self.previous is None:
+            _CURRENT_STREAMS.pop(self.stream.device.index, None)
+        else:
+            set_stream(self.previous)
 
 
 class DeviceProperties(types.SimpleNamespace):
@@ -179,9 +222,9 @@ def cuda_functions() -> dict[str, Any]:
         "Event": Event,
         "StreamContext": StreamContext,
         "stream": lambda stream=None: StreamContext(stream),
-        "current_stream": lambda device=None: Stream(device),
-        "default_stream": lambda device=None: Stream(device),
-        "set_stream": lambda stream: None,
+        "current_stream": current_stream,
+        "default_stream": lambda device=None: Stream(device, default=True),
+        "set_stream": set_stream,
         "device": DeviceContext,
         "_DeviceGuard": DeviceContext,
         "device_of": lambda obj: DeviceContext(None),
@@ -208,8 +251,8 @@ def accelerator_functions() -> dict[str, Any]:
         "set_device_idx": set_index,
         "device_index": DeviceContext,
         "synchronize": lambda device=None: None,
-        "current_stream": lambda device=None: Stream(device),
-        "set_stream": lambda stream: None,
+        "current_stream": current_stream,
+        "set_stream": set_stream,
         "get_device_capability": lambda device=None: dict(zip(("major", "minor"), memory.Books.gpu.capability)),
     }
 
@@ -233,6 +276,25 @@ def nvtx_functions() -> dict[str, Any]:
             "range": lambda *a, **k: contextlib.nullcontext()}
 
 
+def _accelerator_class(original: Any, simulated: Any, name: str) -> Any:
+    """torch.Stream / torch.Event: for a CUDA device (or none: the current accelerator, CUDA here) the simulated
+    class, for another device torch's own; isinstance holds for both."""
+
+    class Generic(type):
+        def __call__(cls, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if device is None or is_gpu(device):
+                return simulated(*args, device=device, **kwargs)
+            return original(device, *args, **kwargs)
+
+        def __instancecheck__(cls, instance: Any) -> bool:
+            return isinstance(instance, (original, simulated))
+
+        def __subclasscheck__(cls, subclass: Any) -> bool:
+            return issubclass(subclass, (original, simulated))
+
+    return Generic(name, (), {"__module__": "torch", "__doc__": original.__doc__, "meshsim_original": original})
+
+
 def _refuse_the_rest(module: Any, prefix: str, simulated: set[str]) -> None:
     """Every other public function or class of `module` (defined in torch.cuda) raises, naming itself."""
     for name in dir(module):
@@ -250,7 +312,8 @@ def _refuse_the_rest(module: Any, prefix: str, simulated: set[str]) -> None:
        targets=("torch.cuda.device_count", "torch.cuda.set_device", "torch.cuda.get_device_properties",
                 "torch.cuda.graphs.is_current_stream_capturing", "torch.cuda.nccl.version",
                 "torch.cuda.nvtx.range_push",
-                "torch._C._get_accelerator", "torch.accelerator.device_count", "torch.Tensor.record_stream"))
+                "torch._C._get_accelerator", "torch.accelerator.device_count", "torch.Tensor.record_stream",
+                "torch.Stream", "torch.Event"))
 def install() -> None:
     import torch
     import torch.cuda.nccl
@@ -291,6 +354,10 @@ def install() -> None:
                 and not isinstance(value, type):
             if getattr(value, "__module__", "").startswith("torch.accelerator"):
                 setattr(accel, name, refused(f"torch.accelerator.{name}"))
+    torch_module: Any = torch
+    if not hasattr(torch.Stream, "meshsim_original"):  # (once: a forked worker keeps its parent's)
+        torch_module.Stream = _accelerator_class(torch.Stream, Stream, "Stream")
+        torch_module.Event = _accelerator_class(torch.Event, Event, "Event")
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign,assignment]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(State.devices)))
 

@@ -130,3 +130,10 @@ def test_a_new_stream_is_its_own_and_events_time_the_work_between_them_as_cuda_e
         assert timed["elapsed"] == [True, True, True]
         assert timed["untimed"] == "RuntimeError: Both events must be created with argument 'enable_timing=True'."
         assert timed["unrecorded"] == "RuntimeError: Both events must be recorded before calculating elapsed time."
+
+
+def test_the_card_reports_its_own_name_and_l2_and_nccl_a_version(checks):
+    for local, rank in zip((0, 1, 0, 1), checks):
+        assert rank["card_facts_and_nccl_version"] == {
+            "name": "NVIDIA H100 80GB HBM3", "l2": 50 << 20, "device_of": 1 - local,
+            "nccl": [[2, 27, 5], 22705, True], "allocator_settings": None}

@@ -220,8 +220,9 @@ def _p2p_tags(rank, gloo):
 @check
 def unsimulated_apis_raise():
     return {name: raises(fn) for name, fn in {
-        "torch._C._nccl_version": lambda: torch._C._nccl_version(),
-        "torch.cuda.nccl.version": lambda: torch.cuda.nccl.version(),
+        "torch.cuda.nccl.all_reduce": lambda: torch.cuda.nccl.all_reduce([torch.ones(1, device="cuda")]),
+        "torch.cuda.memory._record_memory_history": lambda: torch.cuda.memory._record_memory_history(),
+        "torch.cuda.memory._snapshot": lambda: torch.cuda.memory._snapshot(),
         "torch.cuda.caching_allocator_alloc": lambda: torch.cuda.caching_allocator_alloc(16),
         "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
         "torch.cuda.graph": lambda: torch.cuda.graph(None),
@@ -302,6 +303,17 @@ def streams_are_distinct_and_events_timed():
                         isinstance(generic.elapsed_time(generic), float)],
             "untimed": raises(lambda: start.elapsed_time(untimed)),
             "unrecorded": raises(lambda: torch.cuda.Event(enable_timing=True).elapsed_time(end))}
+
+
+@check
+def card_facts_and_nccl_version():
+    properties = torch.cuda.get_device_properties(LOCAL_RANK)
+    with torch.cuda.device_of(torch.ones(1, device=f"cuda:{1 - LOCAL_RANK}")):
+        of = torch.cuda.current_device()
+    return {"name": torch.cuda.get_device_name(), "l2": properties.L2_cache_size, "device_of": of,
+            "nccl": [list(torch.cuda.nccl.version()), torch._C._nccl_version(),
+                     torch.cuda.nccl.is_available([torch.ones(2, device="cuda")])],
+            "allocator_settings": torch.cuda.memory._set_allocator_settings("expandable_segments:True")}
 
 
 report(600)

@@ -3,8 +3,8 @@
 Device queries answer for the simulated host; streams and events are synchronous (a CPU operation has finished
 when it returns, so every wait is already satisfied); annotations for profilers (NVTX) do nothing, as they do
 with no profiler attached; memory is memory.py's. Every other public function of torch.cuda (CUDA graphs, NCCL's
-version, raw allocations, NVML, the allocator's history) raises SimulatedGPUError naming it: there is no honest
-answer on the CPU.
+communicators, raw allocations, NVML, the allocator's history) raises SimulatedGPUError naming it: there is no
+honest answer on the CPU.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def properties(device: Any = None) -> DeviceProperties:
     gpu = memory.Books.gpu
     return DeviceProperties(name=gpu.name, major=gpu.capability[0], minor=gpu.capability[1],
                             total_memory=gpu.total_memory, multi_processor_count=gpu.multiprocessors,
-                            is_integrated=False, is_multi_gpu_board=False, warp_size=32, L2_cache_size=0,
+                            is_integrated=False, is_multi_gpu_board=False, warp_size=32, L2_cache_size=gpu.l2_cache,
                             uuid=f"meshsim-{index}", pci_bus_id=index, pci_device_id=0, pci_domain_id=0)
 
 
@@ -227,7 +227,7 @@ def cuda_functions() -> dict[str, Any]:
         "set_stream": set_stream,
         "device": DeviceContext,
         "_DeviceGuard": DeviceContext,
-        "device_of": lambda obj: DeviceContext(None),
+        "device_of": lambda obj: DeviceContext(memory.device_of(obj) if hasattr(obj, "untyped_storage") else None),
         "is_current_stream_capturing": lambda: False,
     }
 
@@ -330,6 +330,13 @@ def install() -> None:
     _refuse_the_rest(torch.cuda, "torch.cuda", set(functions) | _RNG_NAMES | set(_LEGACY_TYPES) | simulated_memory)
     _refuse_the_rest(torch.cuda.memory, "torch.cuda.memory", simulated_memory)
     _refuse_the_rest(graphs, "torch.cuda.graphs", {"is_current_stream_capturing"})
+    for name in _ALLOCATOR_HISTORY:  # private, but memory profilers call them: refused by name, not AttributeError
+        for module, prefix in ((torch.cuda.memory, "torch.cuda.memory"), (torch.cuda, "torch.cuda")):
+            if hasattr(module, name):
+                setattr(module, name, refused(f"{prefix}.{name}", HISTORY_WHY))
+    # the allocator's settings (expandable_segments, ...) change how CUDA fragments: the books' pool never does
+    cuda_memory: Any = torch.cuda.memory
+    cuda_memory._set_allocator_settings = lambda settings: None
     for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle"):
         for module, prefix in ((torch.cuda, "torch.cuda"), (graphs, "torch.cuda.graphs")):
             if hasattr(module, name):
@@ -337,12 +344,14 @@ def install() -> None:
     nvtx: Any = torch.cuda.nvtx
     for name, fn in nvtx_functions().items():
         setattr(nvtx, name, fn)
-    nccl_why = "meshsim runs NCCL's collectives on gloo (with NCCL's semantics); there is no NCCL library to ask"
-    for name in ("version", "is_available", "unique_id", "init_rank", "all_reduce", "reduce", "broadcast",
-                 "all_gather", "reduce_scatter"):
+    nccl_why = "meshsim runs NCCL's collectives on gloo (with NCCL's semantics); there is no NCCL library to call"
+    for name in ("unique_id", "init_rank", "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"):
         setattr(torch.cuda.nccl, name, refused(f"torch.cuda.nccl.{name}", nccl_why))
+    nccl: Any = torch.cuda.nccl
+    nccl.version = lambda: NCCL_VERSION
+    nccl.is_available = lambda tensors: all(t.is_contiguous() and not t.is_sparse for t in tensors)
     torch_c: Any = torch._C
-    torch_c._nccl_version = refused("torch._C._nccl_version", nccl_why)
+    torch_c._nccl_version = lambda: NCCL_VERSION[0] * 10000 + NCCL_VERSION[1] * 100 + NCCL_VERSION[2]
     torch_c._get_accelerator = lambda check=False: torch.device("cuda")
     accel: Any = torch.accelerator
     simulated = accelerator_functions()
@@ -361,6 +370,19 @@ def install() -> None:
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign,assignment]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(State.devices)))
 
+
+# What torch.cuda.nccl.version() says: a recent NCCL's release, for scripts that gate a feature on it (every NCCL
+# feature meshsim's "nccl" groups keep is there whatever the number); it is no library's, since none is loaded.
+NCCL_VERSION = (2, 27, 5)
+
+# The caching allocator's history and snapshots (torch.cuda.memory._record_memory_history, _snapshot, ...): the
+# books count bytes per device, not blocks at addresses with the stack that allocated each.
+_ALLOCATOR_HISTORY = ("_record_memory_history", "_record_memory_history_impl", "_record_memory_history_legacy",
+                      "_snapshot", "_dump_snapshot", "_save_segment_usage", "_save_memory_usage", "_segments",
+                      "_get_current_allocator", "_set_memory_metadata",
+                      "_get_memory_metadata")
+HISTORY_WHY = ("a simulated GPU counts bytes per device, not blocks with their addresses and stacks: there is no "
+               "allocator history; memory_stats() and memory_summary() are simulated")
 
 GRAPHS_WHY = ("a simulated GPU cannot capture a CUDA graph (no GPU runs its kernels to record them); turn capture "
               "off: torchtitan's --training.disable_cuda_graphs, torch.compile(mode='default') instead of "

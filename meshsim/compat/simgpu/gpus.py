@@ -23,17 +23,18 @@ class GPU:
     capability: tuple[int, int]
     multiprocessors: int
     total_memory: int  # bytes
+    l2_cache: int  # bytes: get_device_properties().L2_cache_size
 
     def describe(self) -> str:
-        return f"{self.name.replace(SIMULATED, '')}, {self.total_memory / GiB:.2f} GiB"
+        return f"{self.name}, {self.total_memory / GiB:.2f} GiB"
 
 
-SIMULATED = " (simulated by meshsim)"  # in every name: a log that prints it says where it ran
+# The names are the cards' own, as CUDA reports them: scripts look them up (peak-FLOPs tables) and match them.
 CATALOGUE: dict[str, GPU] = {gpu.key: gpu for gpu in (
-    GPU("h100-80gb", "NVIDIA H100 80GB HBM3" + SIMULATED, (9, 0), 132, 81559 * MiB),
-    GPU("a100-40gb", "NVIDIA A100-SXM4-40GB" + SIMULATED, (8, 0), 108, 40339 * MiB),
-    GPU("a100-80gb", "NVIDIA A100-SXM4-80GB" + SIMULATED, (8, 0), 108, 81051 * MiB),
-    GPU("h200-141gb", "NVIDIA H200" + SIMULATED, (9, 0), 132, 143771 * MiB),
+    GPU("h100-80gb", "NVIDIA H100 80GB HBM3", (9, 0), 132, 81559 * MiB, 50 * MiB),
+    GPU("a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), 108, 40339 * MiB, 40 * MiB),
+    GPU("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 81051 * MiB, 40 * MiB),
+    GPU("h200-141gb", "NVIDIA H200", (9, 0), 132, 143771 * MiB, 50 * MiB),
 )}
 DEFAULT = "h100-80gb"
 
@@ -59,7 +60,7 @@ def gpu_of(spec: str | int | GPU | None) -> GPU:
     if isinstance(spec, bool) or size <= 0 or (not isinstance(spec, int) and not _is_number(text)):
         raise GPUError(f"--gpu {spec}: expected one of {', '.join(CATALOGUE)} or a number of bytes")
     base = CATALOGUE[DEFAULT]
-    return GPU(f"{size}", "meshsim simulated GPU", base.capability, base.multiprocessors, size)
+    return GPU(f"{size}", "meshsim simulated GPU", base.capability, base.multiprocessors, size, base.l2_cache)
 
 
 def _is_number(text: str) -> bool:

@@ -27,6 +27,13 @@ def slices_lose_a_rank():
     DeviceMesh.get_coordinate = get_coordinate
 
 
+def current_mesh_is_outermost():
+    """`with mesh:` nested: the current mesh DTensor's APIs take is the outermost, not the innermost."""
+    from torch.distributed import device_mesh
+
+    type(device_mesh._mesh_resources).get_current_mesh = lambda self: self.mesh_stack[0]
+
+
 # ------------------------------------------------------------------------------------------ DTensor
 # Bugs of the kinds a random walk missed in 0.2 (issue 25): each touches one cell of the redistribute matrix or
 # one kind of derived mesh, and a default sweep must catch it.

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshsim import Plan, step
+from meshsim import Cluster, Plan, Topology, step
 from meshsim.model import dtensor as D
 from meshsim.model.expect import Quirk
 from meshsim.model.predict import predict
@@ -155,11 +155,43 @@ def test_from_local_blocks_tell_ranks_apart_so_a_partial_sum_names_its_members()
     assert values == [[4096 * 5], [4096 * 10], [4096 * 5], [4096 * 10]]
 
 
+CONTEXT_PLAN = Plan((step("init_device_mesh", shape=[8], names=["w"], out="w"),
+                     step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
+                     step("distribute", mesh="m", shape=[5, 2], placements=["S(0)", "R"], mesh_from="context",
+                          out="t"),
+                     step("from_local", mesh="w", local_shape=[2], placements=["S(0)"], mesh_from="context", out="u"),
+                     step("full_tensor", tensor="u"),
+                     step("distribute", mesh="m", shape=[3], placements=["R", "R"], mesh_from="none", out="v")))
+
+
+def test_dtensor_calls_take_the_current_mesh_inside_with_mesh_and_are_refused_without_one(meshsim_cluster):
+    result = meshsim_cluster.run(CONTEXT_PLAN)
+    assert result.passed, result.differences
+    seen = result.record.states[5].observations
+    assert seen[2]["local_shape"] == [2, 2] and seen[2]["offset"] == [3, 0]  # rank 5: row 1 of m, rows 3-4 of 5
+    assert seen[4]["shape"] == [16] and seen[5] == {"error": ["RuntimeError", "No device mesh is currently active!"]}
+
+
+def test_a_seeded_bug_in_the_current_mesh_is_caught_where_two_meshes_are_entered():
+    """torch's DTensor APIs fall back to the current mesh: a torch whose `with` stack hands out the outermost mesh
+    passes a plan that enters one mesh, and fails one that enters a mesh inside another."""
+    one = Plan((step("init_device_mesh", shape=[2, 2], names=["a", "b"], out="m"),
+                step("distribute", mesh="m", shape=[4], placements=["S(0)", "R"], mesh_from="context", out="t")))
+    two = Plan((step("init_device_mesh", shape=[4], names=["w"], out="w"), *one.steps[:1],
+                step("distribute", mesh="m", shape=[4], placements=["S(0)", "R"], mesh_from="context", within="w",
+                     out="t")))
+    with Cluster(Topology(1, 4), deadline=10, setup="faults:current_mesh_is_outermost") as cluster:
+        assert cluster.run(one).passed
+        assert not cluster.run(two).passed
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"placements": ["Shard(0)"]}, "is not S(dim), R or P"),
     ({"placements": ["P(prod)"]}, "is not S(dim), R or P"),
     ({"shape": [5000]}, "at most 4096 elements"),
     ({"shape": [1, 1, 1, 1, 1]}, "1 to 4 sizes"),
+    ({"mesh_from": "elsewhere"}, "must be one of argument, context, none"),
+    ({"mesh_from": "none", "within": "m"}, "'within' makes a current mesh"),
 ])
 def test_a_bad_dtensor_field_is_a_one_line_plan_error(bad, message):
     args = dict(mesh="m", shape=[4], placements=["S(0)"], out="t") | bad

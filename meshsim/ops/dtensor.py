@@ -9,6 +9,7 @@ rank apart too (rank r adds 4096 * 2**r), so a Partial reduced over the wrong me
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
@@ -160,15 +161,20 @@ def usable(mesh: Any) -> bool:
 
 
 @operation("distribute", "dtensor", {"mesh": F.MESH, "shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
-                                    "src_data_rank": F.SRC_DATA_RANK},
+                                    "src_data_rank": F.SRC_DATA_RANK, "mesh_from": F.MESH_FROM, "within": F.MESH},
            required=("mesh", "shape", "placements"), produces=DT, weight=2)
 class Distribute:
     """distribute_tensor of a global tensor (float64) with one placement per mesh dim: each rank passes one that
     holds 4096 * 2**rank + 0, 1, 2, ... (which rank's data torch sends shows); `src_data_rank`: the group rank whose
-    data each dim scatters or broadcasts (default 0), "none" for each rank's own; observes the rank's local shape,
-    values and global offset"""
+    data each dim scatters or broadcasts (default 0), "none" for each rank's own; `mesh_from`, `within`: see
+    with_mesh; observes the rank's local shape, values and global offset"""
+
+    @staticmethod
+    def check_args(a: dict) -> None:
+        check_mesh_source(a)
 
     def model(run: Any, a: dict) -> Any:
+        mesh_given(run, a)
         return model_distribute(run, a)
 
     def torch(ex: Any, a: dict) -> Any:
@@ -177,7 +183,8 @@ class Distribute:
         mesh = ex.mesh(a["mesh"])
         tensor = torch_block(ex, a["shape"], mesh, rank_weight(ex.rank))
         kwargs = {"src_data_rank": src_data_rank(a)} if "src_data_rank" in a else {}
-        return distribute_tensor(tensor, mesh, torch_placements(a["placements"], len(a["shape"])), **kwargs)
+        placements = torch_placements(a["placements"], len(a["shape"]))
+        return with_mesh(ex, mesh, a, lambda given: distribute_tensor(tensor, given, placements, **kwargs))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -190,6 +197,7 @@ class Distribute:
         extra = {}
         if rarely(draw, 3):  # another source than each group's first member, or none
             extra["src_data_rank"] = draw(st.sampled_from(["none", *range(min(mesh.shape))]))
+        extra.update(draw(mesh_sources(allow_errors)))
         return step("distribute", mesh=handle, shape=shape, placements=placements, out=b.fresh("t"), **extra)
 
 
@@ -251,19 +259,22 @@ class ToLocal:
 
 @operation("from_local", "dtensor",
            {"mesh": F.MESH, "tensor": F.DTENSOR, "local_shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
-            "run_check": F.BOOL, "shape": F.TENSOR_SHAPE},
+            "run_check": F.BOOL, "shape": F.TENSOR_SHAPE, "mesh_from": F.MESH_FROM, "within": F.MESH},
            required=("mesh", "placements"), produces=DT, weight=1)
 class FromLocal:
     """DTensor.from_local of this rank's block: `tensor`'s local block, or a fresh `local_shape` block holding
     4096 * 2**rank + 0, 1, 2, ... (values that tell ranks apart); `shape` passes the global shape (and its
-    contiguous stride), else torch infers it as if shards were even; `run_check` broadcasts Replicate dims"""
+    contiguous stride), else torch infers it as if shards were even; `run_check` broadcasts Replicate dims;
+    `mesh_from`, `within`: see with_mesh"""
 
     @staticmethod
     def check_args(a: dict) -> None:
         if ("tensor" in a) == ("local_shape" in a):
             raise F.PlanError("needs exactly one of 'tensor' (a DTensor whose block to take) or 'local_shape'")
+        check_mesh_source(a)
 
     def model(run: Any, a: dict) -> Any:
+        mesh_given(run, a)
         mesh = run.mesh(a["mesh"])
         source = _dtensor(run, a["tensor"]) if "tensor" in a else None
         geo = _geometry(mesh)
@@ -307,8 +318,9 @@ class FromLocal:
             import torch
 
             kwargs = {"shape": torch.Size(a["shape"]), "stride": contiguous_strides(a["shape"])}
-        return DTensor.from_local(local, mesh, torch_placements(a["placements"], local.ndim),
-                                  run_check=a.get("run_check", False), **kwargs)
+        placements = torch_placements(a["placements"], local.ndim)
+        return with_mesh(ex, mesh, a, lambda given: DTensor.from_local(local, given, placements,
+                                                                   run_check=a.get("run_check", False), **kwargs))
 
     @st.composite
     def draw(draw: Any, b: Any, handle: str, mesh: Any, allow_errors: bool) -> Any:
@@ -323,11 +335,47 @@ class FromLocal:
             placements = [placement_text(p) for p in dt.placements]
             extra = {"shape": list(dt.shape)} if draw(st.booleans()) else {}
             return step("from_local", mesh=handle, tensor=ref, placements=placements, run_check=run_check,
-                        out=b.fresh("t"), **extra)
+                        out=b.fresh("t"), **extra, **draw(mesh_sources(allow_errors)))
         local_shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=2))
         placements = draw(placement_lists(mesh.ndim, len(local_shape)))
         return step("from_local", mesh=handle, local_shape=local_shape, placements=placements, run_check=run_check,
-                    out=b.fresh("t"))
+                    out=b.fresh("t"), **draw(mesh_sources(allow_errors)))
+
+
+def check_mesh_source(a: dict) -> None:
+    if a.get("mesh_from") == "none" and "within" in a:
+        raise F.PlanError("'within' makes a current mesh: 'mesh_from' = \"none\" needs none")
+
+
+def mesh_given(run: Any, a: dict) -> None:
+    """A DTensor call that passes no mesh outside any `with mesh:` is refused before anything else (torch's
+    `device_mesh or _mesh_resources.get_current_mesh()`)."""
+    if "within" in a:
+        run.mesh(a["within"])
+    if a.get("mesh_from") == "none":
+        raise ModelRaise(Err("RuntimeError", "No device mesh is currently active"))
+
+
+def with_mesh(ex: Any, mesh: Any, a: dict, call: Any) -> Any:
+    """call(mesh) (mesh_from "argument", the default); call(None) inside `with mesh:`, so that DTensor's API takes
+    the current mesh ("context"); call(None) outside any ("none"). `within`: a mesh entered around all of it, so
+    the stack holds two (the argument, or the innermost, must still win)."""
+    how = a.get("mesh_from", "argument")
+    with ex.mesh(a["within"]) if "within" in a else contextlib.nullcontext():
+        if how == "argument":
+            return call(mesh)
+        if how == "none":
+            return call(None)
+        with mesh:
+            return call(None)
+
+
+@st.composite
+def mesh_sources(draw: Any, allow_errors: bool) -> dict:
+    """Now and then the mesh from `with mesh:` rather than an argument; rarely none at all (torch refuses)."""
+    if not rarely(draw, 6):
+        return {}
+    return {"mesh_from": draw(st.sampled_from(["context", "context", "none"] if allow_errors else ["context"]))}
 
 
 def _sharded_ndim(a: dict, mine: Any, geo: Any) -> int | None:

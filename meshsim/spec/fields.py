@@ -325,6 +325,9 @@ WORLD = Kind(f"a world size, 1 to {MAX_MESH_NUMEL}", _bounded_int(1, MAX_MESH_NU
 QUERY = Kind("one of " + ", ".join(QUERIES), _one_of(QUERIES))
 SRC_DATA_RANK = Kind('a group rank on every mesh dim (default 0), or "none": each rank keeps its own data',
                      _src_data_rank)
+MESH_SOURCES = ("argument", "context", "none")
+MESH_FROM = Kind('where a DTensor call takes its mesh: "argument" (default), "context" (`with mesh:` around a call '
+                 'that passes none) or "none" (passes none, outside any `with`: torch refuses)', _one_of(MESH_SOURCES))
 DTYPES = ("float32", "float64")
 DTYPE = Kind("one of " + ", ".join(DTYPES), _one_of(DTYPES))
 DEVICE = Kind("cpu, cuda, cpu:0 or cuda:0 (the mesh's device type; default: the backend's)", _one_of(DEVICES))

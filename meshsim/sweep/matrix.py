@@ -137,7 +137,23 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
             step("from_local", mesh="m", local_shape=[2], placements=["P(sum)", "P(max)"], out="mixed"),
             step("redistribute", tensor="mx", placements=["P(sum)", "S(0)"], out="np"),
             step("distribute", mesh="m", shape=[3], placements=["R", "R", "R"], out="long"),
-            step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim")]
+            step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim"),
+            *_meshes_from_context()]
+
+
+def _meshes_from_context() -> list[Step]:
+    """DTensor's calls that take the mesh from `with mesh:` (a 2-D one inside the 1-D one: the innermost is
+    current; the 1-D one alone; the argument inside another's), the current mesh asked inside one, and a call that
+    passes none outside any (refused)."""
+    return [step("distribute", mesh="m", shape=[5, 2], placements=["S(0)", "R"], mesh_from="context", within="w",
+                 out="ctx"),
+            step("to_local", tensor="ctx"),
+            step("from_local", mesh="w", local_shape=[2], placements=["S(0)"], mesh_from="context", out="ctxl"),
+            step("full_tensor", tensor="ctxl"),
+            step("distribute", mesh="w", shape=[9], placements=["S(0)"], within="m", out="arg"),
+            step("to_local", tensor="arg"),
+            step("query", mesh="m", what="current"),
+            step("distribute", mesh="m", shape=[3], placements=["R", "R"], mesh_from="none", out="nomesh")]
 
 
 def _device_mesh_edges(shape: list[int]) -> list[Step]:

@@ -209,4 +209,23 @@ def out_of_memory_as_cuda():
             "retries": after["num_alloc_retries"] > 0, "still_usable": torch.ones(4, device="cuda").sum().item()}
 
 
+@check
+def host_copies_are_their_own_memory():
+    """.cpu(), .to("cpu") and pin_memory() copy to the host: the GPU's bytes are freed with the GPU tensor, and
+    writing a copy leaves the other; .cuda() of a host tensor copies it to the GPU (the host buffer is reusable)."""
+    base = torch.cuda.memory_allocated()
+    gpu = torch.ones(1024, device="cuda")  # 4 KiB
+    host, to_host, pinned = gpu.cpu(), gpu.to("cpu"), gpu.pin_memory()
+    host.add_(1), to_host.add_(1), pinned.add_(1)
+    written = gpu.sum().item()
+    del gpu
+    freed = torch.cuda.memory_allocated() - base
+    buffer = torch.zeros(1024, pin_memory=True)
+    on_gpu = buffer.cuda(non_blocking=True)
+    buffer.fill_(7.0)  # the next batch into the same pinned buffer
+    return {"written": written, "freed": freed, "host_values": host.sum().item(),
+            "pinned": [pinned.is_pinned(), buffer.is_pinned(), host.is_pinned()],
+            "transfer": [on_gpu.sum().item(), torch.cuda.memory_allocated() - base]}
+
+
 report(900)

@@ -14,15 +14,18 @@ bytes when torch frees it; UntypedStorage.resize_ (FSDP's free and re-allocation
 followed. The bytes go through the caching allocator's books (allocator.py), which answer memory_stats() and the
 rest, and raise CUDA's OutOfMemoryError past the capacity.
 
-Tensors moved to the CPU (.cpu(), .to("cpu")) are the same memory here and stay counted on their GPU until freed.
+Tensors copied to the host (.cpu(), .to("cpu"), pin_memory()) are new host memory, as on a GPU; .to(x.device)
+names the CPU that a simulated GPU tensor reports, and stays on its GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from ..patching import patch, wrap
@@ -39,6 +42,17 @@ class Books:
     storages: dict[int, tuple[int, int]] = {}  # storage._cdata -> (device, bytes)
     refs: dict[int, Any] = {}  # storage._cdata -> the weak reference that releases it
     mode: Any = None
+    host = False  # inside host_copies(): what operators allocate is host memory
+
+
+@contextlib.contextmanager
+def host_copies() -> Iterator[None]:
+    """What is allocated inside is host memory, whatever its inputs (a device-to-host copy: .cpu(), pinning)."""
+    previous, Books.host = Books.host, True
+    try:
+        yield
+    finally:
+        Books.host = previous
 
 
 def reset(gpu: GPU) -> None:
@@ -254,7 +268,7 @@ def _input_device(args: tuple, kwargs: dict) -> int | None:
 def account(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """Count what an operator put on a simulated GPU: its outputs, and what it wrote into in place."""
     op = _OPS[func] if func in _OPS else _op(func)
-    if op is _VIEW or op is _COPY:
+    if op is _VIEW or op is _COPY or Books.host:
         return
     asked = kwargs.get("device")
     if asked is not None and not is_gpu(asked) and not (func.__name__ in _STAYS and str(asked) == "cpu"):

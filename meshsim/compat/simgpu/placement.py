@@ -19,6 +19,7 @@ are the same memory (.cuda() and .cpu() return the tensor itself when nothing el
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 from ..patching import patch
@@ -123,21 +124,62 @@ def _map_to_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args, kwargs
 
 
+def _host_target(args: tuple, kwargs: dict) -> bool:
+    """Whether a Tensor.to call names the host as "cpu" (a string): a device-to-host copy. A torch.device("cpu")
+    may be a simulated GPU tensor's own .device (x.to(y.device)), which keeps the data on its GPU."""
+    device = kwargs.get("device", args[0] if args else None)
+    return isinstance(device, str) and device == "cpu"
+
+
+def _on_gpu(tensor: Any) -> bool:
+    import torch
+
+    return type(tensor) in (torch.Tensor, torch.nn.Parameter) and memory.device_of(tensor) is not None
+
+
+def _to_host(original_to: Any, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """A simulated GPU tensor copied to the host, as on a GPU: new memory, not the GPU's (freeing the GPU tensor
+    frees its bytes; writing the copy leaves the GPU tensor as it was)."""
+    with memory.host_copies():
+        return original_to(tensor, *args, **dict(kwargs, copy=True))
+
+
+def _to_gpu(original_to: Any, tensor: Any, index: int, *args: Any, **kwargs: Any) -> Any:
+    """A tensor moved to simulated GPU `index`: a host tensor is copied (the GPU's memory is its own, as a
+    transfer's is: the host buffer can be written again, freed or counted apart); one already there is itself."""
+    import torch
+
+    host = type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.is_cpu and \
+        memory.device_of(tensor) is None
+    moved = original_to(tensor, *args, **(dict(kwargs, copy=True) if host else kwargs))
+    return memory.track(moved, index)
+
+
 def _patch_tensor_methods() -> None:
     import torch
 
     original_to = torch.Tensor.to
+    original_cpu = torch.Tensor.cpu
 
     @functools.wraps(original_to)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _host_target(args, kwargs) and _on_gpu(self):
+            return _to_host(original_to, self, *args, **kwargs)
         gpu = _gpu_asked(args, kwargs)
         args, kwargs = _map_to_args(args, kwargs)
-        moved = original_to(self, *args, **kwargs)
-        return memory.track(moved, gpu) if gpu is not None else moved
+        if gpu is None:
+            return original_to(self, *args, **kwargs)
+        return _to_gpu(original_to, self, gpu, *args, **kwargs)
 
     def cuda(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         index = ordinal(device if device is not None else "cuda")
-        return memory.track(original_to(self, "cpu", non_blocking=non_blocking, **kwargs), index)
+        return _to_gpu(original_to, self, index, "cpu", non_blocking=non_blocking, **kwargs)
+
+    @functools.wraps(original_cpu)
+    def cpu(self: Any, memory_format: Any = torch.preserve_format) -> Any:
+        if _on_gpu(self):
+            return _to_host(original_to, self, "cpu", memory_format=memory_format)
+        return original_cpu(self, memory_format=memory_format)
 
     original_type = torch.Tensor.type
 
@@ -151,14 +193,52 @@ def _patch_tensor_methods() -> None:
     tensor: Any = torch.Tensor
     tensor.to = to
     tensor.cuda = cuda
+    tensor.cpu = cpu
     tensor.type = type_
-    tensor.pin_memory = lambda self, device=None: self  # pinning needs a real accelerator; the memory is the same
+    _patch_pinning(tensor)
 
     def storage_cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
         return memory.track(self, ordinal(device if device is not None else "cuda"))
 
     for storage in (torch.UntypedStorage, torch.TypedStorage):
         setattr(storage, "cuda", storage_cuda)  # noqa: B010 -- mypy refuses assigning a method
+
+
+_PINNED: dict[int, Any] = {}  # storage._cdata -> a weak reference that forgets it: host memory pinned for a GPU
+
+
+def pinned(tensor: Any) -> Any:
+    """Mark `tensor`'s storage as page-locked host memory (is_pinned() says so while it lives)."""
+    storage = tensor.untyped_storage()
+    key = storage._cdata
+    _PINNED[key] = weakref.ref(storage, functools.partial(_unpinned, key))
+    return tensor
+
+
+def _unpinned(key: int, _: Any) -> None:
+    _PINNED.pop(key, None)
+
+
+def _patch_pinning(tensor: Any) -> None:
+    """pin_memory() copies into page-locked memory (a host copy here, marked pinned) unless already pinned;
+    is_pinned() answers for that mark. A CPU-only torch cannot page-lock memory, and nothing here needs it."""
+    import torch
+
+    original_is_pinned = tensor.is_pinned
+
+    def is_pinned(self: Any, device: Any = None) -> bool:
+        if self.is_cpu and type(self) in (torch.Tensor, torch.nn.Parameter):
+            return self.untyped_storage()._cdata in _PINNED
+        return original_is_pinned(self)
+
+    def pin_memory(self: Any, device: Any = None) -> Any:
+        if is_pinned(self):
+            return self
+        with memory.host_copies():
+            return pinned(self.clone(memory_format=torch.contiguous_format))
+
+    tensor.is_pinned = is_pinned
+    tensor.pin_memory = pin_memory
 
 
 def _patch_module_to() -> None:
@@ -212,7 +292,7 @@ def _ordinal_mode() -> Any:
                 if device is not None and is_gpu(device):
                     kwargs = dict(kwargs, device=device_type("cuda", ordinal(device)))
                 if kwargs.get("pin_memory"):
-                    kwargs = dict(kwargs, pin_memory=False)
+                    return pinned(func(*args, **dict(kwargs, pin_memory=False)))
                 return func(*args, **kwargs)
             return func(*args)
 
@@ -220,7 +300,8 @@ def _ordinal_mode() -> Any:
 
 
 @patch("simgpu.placement", "tensors for a simulated GPU placed in CPU memory, whoever allocates them",
-       targets=("torch.Tensor.to", "torch.Tensor.cuda", "torch.Tensor.type", "torch.Tensor.pin_memory",
+       targets=("torch.Tensor.to", "torch.Tensor.cuda", "torch.Tensor.cpu", "torch.Tensor.type",
+                "torch.Tensor.pin_memory", "torch.Tensor.is_pinned",
                 "torch._C._nn._parse_to", "torch.serialization._package_registry", "torch.UntypedStorage.cuda",
                 "torch.TypedStorage.cuda", "torch.overrides.TorchFunctionMode"))
 def install() -> None:

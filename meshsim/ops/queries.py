@@ -142,6 +142,8 @@ class Query:
         if what in ("get_group", "get_local_rank", "size", "group_desc", "default_group", "bound_device_id") and (
                 draw(st.integers(0, 5)) > 0 if mesh.ndim > 1 else draw(st.booleans())):
             choices: list[Any] = list(range(mesh.ndim)) + names_of(mesh)
+            if mesh.root is None and mesh.flatten_mapping:  # a root answers for the dims flattened from it
+                choices += list(mesh.flatten_mapping)
             if allow_errors:
                 choices += [mesh.ndim, "nope"]
             dim = draw(st.sampled_from(choices))

@@ -187,6 +187,8 @@ def _device_mesh_edges(shape: list[int]) -> list[Step]:
             step("concatenate", srcs=["sa", "nd"], out="x16"),
             step("flatten", src="m", name="ab", out="f"), step("slice", src="sb", names="ab", out="x17"),
             step("query", mesh="sa", what="get_group", dim="ab"), step("query", mesh="f", what="group_desc", dim=0),
+            step("query", mesh="m", what="get_group", dim="ab"),
+            step("query", mesh="m", what="get_local_rank", dim="ab"),
             step("unflatten", src="f", dim=0, sizes=[a, b], names=["p", "q"], backend_override=[[0, "gloo"]],
                  out="u"), step("check", mesh="u"),
             step("mesh", layout=list(range(a * b)), init_backend=False, out="nb"),

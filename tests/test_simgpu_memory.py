@@ -117,5 +117,5 @@ def test_gpu_names_a_card_or_its_bytes_and_anything_else_is_one_line():
 def test_host_copies_and_transfers_are_their_own_memory_as_on_a_gpu(checks):
     for rank in checks:  # 1,024 float32: a 4 KiB block
         assert rank["host_copies_are_their_own_memory"] == {
-            "written": 1024.0, "freed": 0, "host_values": 2048.0, "pinned": [True, True, False],
-            "transfer": [0.0, 4096]}
+            "written": 1024.0, "itself": [True, True, True], "freed": 0, "host_values": 2048.0,
+            "pinned": [True, True, False], "transfer": [0.0, 4096]}

@@ -218,12 +218,13 @@ def host_copies_are_their_own_memory():
     host, to_host, pinned = gpu.cpu(), gpu.to("cpu"), gpu.pin_memory()
     host.add_(1), to_host.add_(1), pinned.add_(1)
     written = gpu.sum().item()
+    itself = [gpu.cuda() is gpu, gpu.to("cuda") is gpu, gpu.to(LOCAL_RANK) is gpu]  # no copy: already there
     del gpu
     freed = torch.cuda.memory_allocated() - base
     buffer = torch.zeros(1024, pin_memory=True)
     on_gpu = buffer.cuda(non_blocking=True)
     buffer.fill_(7.0)  # the next batch into the same pinned buffer
-    return {"written": written, "freed": freed, "host_values": host.sum().item(),
+    return {"written": written, "itself": itself, "freed": freed, "host_values": host.sum().item(),
             "pinned": [pinned.is_pinned(), buffer.is_pinned(), host.is_pinned()],
             "transfer": [on_gpu.sum().item(), torch.cuda.memory_allocated() - base]}
 

@@ -140,6 +140,13 @@ def _on_gpu(tensor: Any) -> bool:
 def _to_host(original_to: Any, tensor: Any, *args: Any, **kwargs: Any) -> Any:
     """A simulated GPU tensor copied to the host, as on a GPU: new memory, not the GPU's (freeing the GPU tensor
     frees its bytes; writing the copy leaves the GPU tensor as it was)."""
+    import torch
+
+    host = torch.device("cpu")  # (a string would come back here through the ordinal mode's torch function)
+    if args and isinstance(args[0], str):
+        args = (host, *args[1:])
+    else:
+        kwargs = dict(kwargs, device=host)
     with memory.host_copies():
         return original_to(tensor, *args, **dict(kwargs, copy=True))
 
@@ -158,8 +165,7 @@ def _to_gpu(original_to: Any, tensor: Any, index: int, *args: Any, **kwargs: Any
 def _patch_tensor_methods() -> None:
     import torch
 
-    original_to = torch.Tensor.to
-    original_cpu = torch.Tensor.cpu
+    original_to, original_cpu = torch.Tensor.to, torch.Tensor.cpu
 
     @functools.wraps(original_to)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -173,7 +179,7 @@ def _patch_tensor_methods() -> None:
 
     def cuda(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         index = ordinal(device if device is not None else "cuda")
-        return _to_gpu(original_to, self, index, "cpu", non_blocking=non_blocking, **kwargs)
+        return _to_gpu(original_to, self, index, torch.device("cpu"), non_blocking=non_blocking, **kwargs)
 
     @functools.wraps(original_cpu)
     def cpu(self: Any, memory_format: Any = torch.preserve_format) -> Any:

@@ -149,3 +149,18 @@ def test_a_ranks_lines_arrive_whole_while_native_code_writes_beside_python():
         python = [line for line in lines if line != "native line"]
         assert python == [f"piece {i} of a python line from rank {rank}" for i in range(2000)]
         assert len(lines) - len(python) == 2000
+
+
+def test_every_rank_gets_torchruns_error_file_and_record_writes_its_exception_there(tmp_path):
+    # torchrun sets TORCHELASTIC_ERROR_FILE for every worker, in a temporary log directory without --log-dir
+    script = tmp_path / "records.py"
+    script.write_text("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n\n\n@record\n"
+                      "def main():\n    print('error file', os.environ.get('TORCHELASTIC_ERROR_FILE'), flush=True)\n"
+                      "    if os.environ['RANK'] == '1':\n        raise ValueError('rank 1 fails')\n\n\nmain()\n")
+    result = launch(str(script), Topology(1, 2), deadline=60)
+    paths = [line.split()[-1] for output in result.outputs for line in output.splitlines()
+             if line.startswith("error file")]
+    assert [p.split(os.sep)[-3:] for p in paths] == [["attempt_0", "0", "error.json"], ["attempt_0", "1", "error.json"]]
+    with open(paths[1]) as written:  # @record's error.json, as torchrun's agent reads it
+        assert "ValueError: rank 1 fails" in written.read()
+    assert not os.path.exists(paths[0])

@@ -51,10 +51,10 @@ class RankLogs:
 
     def attempt(self, restart_count: int, envs: list[dict[str, str | None]]) -> None:
         """Lay out this attempt's files (torch's LogsSpecs.reify, host by host) and route every rank's streams;
-        `envs` (one a rank) get TORCHELASTIC_ERROR_FILE where torchrun would set it."""
+        `envs` (one a rank) get TORCHELASTIC_ERROR_FILE as torchrun sets it: always, in a temporary directory
+        when no --log-dir is given (@record writes error.json there). Without torchrun's layout (no log dir,
+        redirect, tee or filter) every stream goes to the console, and close() removes what stayed empty."""
         self.routes.clear()
-        if not self.torchruns_layout:
-            return
         if not self.specs:
             self._make_specs()
         per_host = self.topology.devices_per_host
@@ -70,7 +70,8 @@ class RankLogs:
                 lr = rank - host * per_host
                 error_file = local[lr].get("TORCHELASTIC_ERROR_FILE")
                 envs[rank]["TORCHELASTIC_ERROR_FILE"] = error_file or None
-                self._route(rank, lr, dest)
+                if self.torchruns_layout:
+                    self._route(rank, lr, dest)
 
     def _make_specs(self) -> None:
         from torch.distributed.elastic.multiprocessing import Std

@@ -137,3 +137,9 @@ def test_the_card_reports_its_own_name_and_l2_and_nccl_a_version(checks):
         assert rank["card_facts_and_nccl_version"] == {
             "name": "NVIDIA H100 80GB HBM3", "l2": 50 << 20, "device_of": 1 - local,
             "nccl": [[2, 27, 5], 22705, True], "allocator_settings": None}
+
+
+def test_sdpa_forced_onto_cudas_efficient_or_cudnn_kernel_runs_and_cleanup_calls_answer(checks):
+    for rank in checks:
+        assert rank["forced_cuda_attention_kernels_and_cleanup"] == {
+            "EFFICIENT_ATTENTION": [True, True], "CUDNN_ATTENTION": [True, True]}

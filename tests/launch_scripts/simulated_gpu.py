@@ -316,4 +316,25 @@ def card_facts_and_nccl_version():
             "allocator_settings": torch.cuda.memory._set_allocator_settings("expandable_segments:True")}
 
 
+@check
+def forced_cuda_attention_kernels_and_cleanup():
+    """sdpa_kernel(EFFICIENT_ATTENTION / CUDNN_ATTENTION) runs CUDA's kernel (computed with the CPU's), forward and
+    backward, boolean mask as CUDA makes it a bias; torch.accelerator.empty_cache() and torch.cuda.ipc_collect()."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 16, 8, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mask = torch.ones(16, 16, dtype=torch.bool, device="cuda").tril()
+    with sdpa_kernel(SDPBackend.MATH):
+        reference = F.scaled_dot_product_attention(q, q, q, attn_mask=mask).float()
+    differences = {}
+    for backend in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        out.sum().backward()
+        differences[backend.name] = [(out.float() - reference).abs().max().item() < 0.05, q.grad is not None]
+    torch.accelerator.empty_cache()
+    torch.cuda.ipc_collect()
+    return differences
+
+
 report(600)

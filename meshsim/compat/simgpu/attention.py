@@ -191,10 +191,36 @@ def _ring_attention_takes(query: Any) -> bool:
 
 
 def _sdpa(original: Any, *args: Any, **kwargs: Any) -> Any:
-    """SDPA as CUDA's picks its operator, for ring attention; every other call is torch's own, untouched."""
-    if not _ring_attention_takes(args[0] if args else kwargs.get("query")):
-        return original(*args, **kwargs)
-    return _cuda_sdpa(*args, **kwargs)
+    """SDPA as CUDA's picks its operator, for ring attention and for simulated GPU tensors whose only enabled
+    backends are CUDA's memory-efficient or cuDNN kernels (sdpa_kernel(EFFICIENT_ATTENTION)), which the CPU lacks;
+    every other call is torch's own, untouched."""
+    query = args[0] if args else kwargs.get("query")
+    if _ring_attention_takes(query):
+        return _cuda_sdpa(*args, **kwargs)
+    if _only_cuda_kernels(query):
+        return _cuda_sdpa(*_bias_from_bool_mask(args, kwargs), **{k: v for k, v in kwargs.items() if k != "attn_mask"})
+    return original(*args, **kwargs)
+
+
+def _only_cuda_kernels(query: Any) -> bool:
+    import torch
+
+    from . import memory
+
+    cuda = torch.backends.cuda
+    return not (cuda.flash_sdp_enabled() or cuda.math_sdp_enabled()) and memory.device_of(query) is not None and \
+        cuda_backend(query, None) in (EFFICIENT, CUDNN)
+
+
+def _bias_from_bool_mask(args: tuple, kwargs: dict) -> tuple:
+    """(query, key, value, attn_mask) with a boolean mask as the additive bias CUDA's SDPA makes of it."""
+    import torch
+
+    query, key, value = (args + tuple(kwargs.get(n) for n in ("query", "key", "value")[len(args):]))[:3]
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros_like(mask, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
+    return (query, key, value, mask, *args[4:])
 
 
 def _cuda_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,

@@ -414,6 +414,7 @@ def cuda_memory_functions() -> dict[str, Any]:
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "get_allocator_backend": lambda: "native",
+        "ipc_collect": lambda: None,  # no CUDA IPC memory is ever shared here: nothing to collect
     }
 
 
@@ -422,6 +423,14 @@ ACCELERATOR = {"memory_stats": "memory_stats", "memory_allocated": "memory_alloc
                "max_memory_reserved": "max_memory_reserved", "reset_peak_memory_stats": "reset_peak_memory_stats",
                "reset_accumulated_memory_stats": "reset_accumulated_memory_stats", "empty_cache": "empty_cache",
                "get_memory_info": "mem_get_info"}
+
+
+def _accelerator(fn: Any) -> Any:
+    """torch.accelerator's form of a torch.cuda memory function: the device index, if it takes a device at all
+    (empty_cache takes none)."""
+    if fn is empty_cache:
+        return lambda: empty_cache()
+    return lambda device_index=None, /: fn(device_index)
 
 
 def _follow_resize() -> None:
@@ -471,7 +480,7 @@ def install(gpu: Any = None) -> None:
     for module in [torch.accelerator] + ([torch.accelerator.memory] if hasattr(torch.accelerator, "memory") else []):
         for name, ours in ACCELERATOR.items():
             if hasattr(module, name):
-                setattr(module, name, lambda device_index=None, /, fn=functions[ours]: fn(device_index))
+                setattr(module, name, _accelerator(functions[ours]))
     _follow_resize()
     _follow_module_to()
     global _PLAIN

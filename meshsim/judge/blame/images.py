@@ -34,7 +34,9 @@ from .calls import Cause, blocked_call, site_text
 MAX_RANKS = 256  # beyond this the record's hangs are a plan tier's, and its groups' own rules are enough
 MAX_WORK = 4_000_000  # calls compared in all, at most: a bound on the time this rule may take
 
-Element = tuple[str, Any]  # a group: ("group", its members) or ("channel", (src, dst, tag))
+# a group: ("group", its members, which of the groups of those members it is, in the order they were made), or
+# ("channel", (src, dst, tag))
+Element = tuple[Any, ...]
 Call = tuple[str, Element, Any]  # (the call's kind, its group, its root's place among the members, if it has one)
 
 
@@ -56,19 +58,18 @@ def image_causes(states: list[RankState]) -> dict[int, Cause]:
     differences = _differences(states, traces, symmetries)
     if not differences:
         return {}
-    departing = _by_majority(differences) or _by_completion(states, differences)
+    departing = _by_majority(states, differences) or _by_completion(states, differences)
     if not departing:
         return {}
     return {r: _cause(states, traces, r, differences[r]) for r in sorted(departing)}
 
 
 def _groups(states: list[RankState]) -> dict[str, Element] | None:
-    """Every called group's identity, as a symmetry sees it: its members (a point-to-point channel: its ends, in
-    order). None where a called group's members are not known (a replay of dumps that name none)."""
-    known: dict[str, tuple[int, ...]] = {}
-    for s in states:
-        known.update(s.created)
-        known.update(s.group_ranks)
+    """Every called group's identity, as a symmetry sees it: its members, and which group of those members it is
+    (a metrics group made of every rank is not the mesh's world dim: a rank that calls on the one where its peers
+    call on the other departs), by the order the groups were made in; a point-to-point channel: its ends, in
+    order. None where a called group's members are not known (a replay of dumps that name none)."""
+    known = _identities(states)
     out: dict[str, Element] = {}
     for s in states:
         for group in s.calls_on:
@@ -77,11 +78,29 @@ def _groups(states: list[RankState]) -> dict[str, Element] | None:
             ends = channel_ends(group)
             if ends is not None:
                 out[group] = ("channel", ends)
-            elif known.get(group):
-                out[group] = ("group", frozenset(known[group]))
+            elif group in known:
+                out[group] = known[group]
             else:
                 return None
     return out
+
+
+def _identities(states: list[RankState]) -> dict[str, Element]:
+    """The identity of every group whose members the record knows (see _groups)."""
+    known: dict[str, tuple[int, ...]] = {}
+    for s in states:
+        known.update(s.created)
+        known.update(s.group_ranks)
+    alike: dict[frozenset[int], list[str]] = {}
+    for group in sorted((g for g, ranks in known.items() if ranks), key=_made_order):
+        alike.setdefault(frozenset(known[group]), []).append(group)
+    return {group: ("group", members, n) for members, groups in alike.items() for n, group in enumerate(groups)}
+
+
+def _made_order(group: str) -> tuple[int, str]:
+    """torch names a process group by the count of groups made before it (the default group "0"); other names
+    (hashed, a replay's own) sort after, by name."""
+    return (int(group), "") if group.isdigit() else (1 << 62, group)
 
 
 def _whole(state: RankState) -> bool:
@@ -105,10 +124,10 @@ def _root_at(group: Element, root: int | None) -> int | None:
 
 def _moved(group: Element, perm: tuple[int, ...]) -> Element:
     """A group renamed by a symmetry."""
-    kind, ranks = group
-    if kind == "channel":
-        return (kind, (perm[ranks[0]], perm[ranks[1]], *ranks[2:]))  # (src, dst, tag)
-    return (kind, frozenset(perm[r] for r in ranks))
+    if group[0] == "channel":
+        ends = group[1]
+        return ("channel", (perm[ends[0]], perm[ends[1]], *ends[2:]))  # (src, dst, tag)
+    return ("group", frozenset(perm[r] for r in group[1]), group[2])
 
 
 def _mapped(call: Call, perm: tuple[int, ...]) -> Call:
@@ -198,11 +217,15 @@ def _first_difference(states: list[RankState], mine: list[Call], theirs: list[Ca
     return None
 
 
-def _by_majority(differences: dict[int, list[Difference]]) -> set[int]:
-    """Ranks that differ from most of their images (two at least), where every pair that differs holds one."""
+def _by_majority(states: list[RankState], differences: dict[int, list[Difference]]) -> set[int]:
+    """Ranks that differ from most of their images (two at least), where every pair that differs holds one. A
+    difference where the rank's call completed as one call of its group and its image's never did does not count
+    against the rank: its partners made that call with it, so it is the program's there (a pipeline whose every
+    stage waits at its first call differs, under each shift, from the stage that passed its data on)."""
     departing = set()
     for r, diffs in differences.items():
-        differ = sum(d.at is not None for d in diffs)
+        differ = sum(d.at is not None and not (_sound(states, r, d.at) and not _sound(states, d.image, d.at))
+                     for d in diffs)
         if differ >= 2 and differ > len(diffs) - differ:
             departing.add(r)
     pairs = [(r, d.image) for r, diffs in differences.items() for d in diffs if d.at is not None]
@@ -265,7 +288,7 @@ def _cause(states: list[RankState], traces: list[list[Call]], r: int, diffs: lis
               f"cluster's symmetries, which run{'' if several else 's'} its part of the program)")
     make = "make" if several else "makes"
     usual, wanted = _usual(states, traces, d, at)
-    expected = _named(states, r, wanted[1] if wanted is not None else None)
+    expected = _named(states, wanted[1] if wanted is not None else None)
     state = states[r]
     if at >= len(state.issued):
         go = "go" if several else "goes"
@@ -295,15 +318,13 @@ def _usual(states: list[RankState], traces: list[list[Call]], d: Difference, at:
     return f"{kind} #{seq} on group {theirs}{here} at {site_text(site)}", back
 
 
-def _named(states: list[RankState], r: int, element: Element | None) -> str | None:
-    """The name of rank r's group (or channel) that is `element`."""
+def _named(states: list[RankState], element: Element | None) -> str | None:
+    """The name of the group (or channel) that is `element`."""
     if element is None:
         return None
-    for s in (states[r], *states):
-        for group, ranks in (*s.group_ranks.items(), *s.created.items()):
-            if element == ("group", frozenset(ranks)) or element == ("channel", channel_ends(group)):
-                return group
-    return None
+    if element[0] == "channel":
+        return next((g for s in states for g in s.calls_on if channel_ends(g) == element[1]), None)
+    return next((name for name, known in sorted(_identities(states).items()) if known == element), None)
 
 
 

@@ -143,3 +143,12 @@ def test_sdpa_forced_onto_cudas_efficient_or_cudnn_kernel_runs_and_cleanup_calls
     for rank in checks:
         assert rank["forced_cuda_attention_kernels_and_cleanup"] == {
             "EFFICIENT_ATTENTION": [True, True], "CUDNN_ATTENTION": [True, True]}
+
+
+def test_torch_compile_runs_eagerly_on_simulated_gpus_and_rank_0_says_so_once():
+    """torch skips every frame it would compile under the dispatch mode that counts GPU memory: a silent eager run
+    would pass for a compiled one, so rank 0 says it, once, whatever compiles how often."""
+    result = launch(os.path.join(SCRIPTS, "compiled.py"), Topology(1, 2), deadline=60)
+    assert result.passed, result.report()
+    said = [state.output.count("torch.compile runs eagerly here") for state in result.record.states]
+    assert said == [1, 0], [state.output for state in result.record.states]

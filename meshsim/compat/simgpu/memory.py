@@ -457,9 +457,30 @@ def _follow_module_to() -> None:
     wrap(torch.nn.Module, "to", to)
 
 
+def _say_compile_runs_eagerly() -> None:
+    """torch.compile skips every frame while a TorchDispatchMode is on the stack, and the one that counts the
+    simulated GPUs' memory is on for the rank's life: compiled code runs as eager PyTorch, with no error. A user
+    testing compiled code is told so, once (by rank 0), rather than left to believe it compiled."""
+    import sys
+
+    import torch
+
+    told: list[bool] = []
+
+    def compile(original: Any, *args: Any, **kwargs: Any) -> Any:
+        if not told and os.environ.get("RANK", "0") == "0":
+            told.append(True)
+            print("meshsim: torch.compile runs eagerly here: the dispatch mode that counts the simulated GPUs' "
+                  "memory makes torch skip every frame it would compile (the results and the collectives are eager "
+                  "PyTorch's); compiled code is tested on real GPUs", file=sys.stderr, flush=True)
+        return original(*args, **kwargs)
+
+    wrap(torch, "compile", compile)
+
+
 MEMORY_TARGETS = ("torch.cuda.memory.memory_stats", "torch.cuda.memory.memory_summary", "torch.cuda.mem_get_info",
                   "torch.cuda.memory.is_initialized", "torch.UntypedStorage.resize_", "torch.nn.Module.to",
-                  "torch.utils._python_dispatch.TorchDispatchMode", "torch.OutOfMemoryError")
+                  "torch.utils._python_dispatch.TorchDispatchMode", "torch.OutOfMemoryError", "torch.compile")
 
 
 @patch("simgpu.memory", "a simulated GPU's memory: the bytes of the tensors on it, torch.cuda's memory statistics, "
@@ -483,6 +504,7 @@ def install(gpu: Any = None) -> None:
                 setattr(module, name, _accelerator(functions[ours]))
     _follow_resize()
     _follow_module_to()
+    _say_compile_runs_eagerly()
     global _PLAIN
     _PLAIN = _plain()
     if Books.mode is None:

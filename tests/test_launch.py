@@ -164,3 +164,16 @@ def test_every_rank_gets_torchruns_error_file_and_record_writes_its_exception_th
     with open(paths[1]) as written:  # @record's error.json, as torchrun's agent reads it
         assert "ValueError: rank 1 fails" in written.read()
     assert not os.path.exists(paths[0])
+
+
+def test_the_same_failure_on_every_rank_is_said_once_for_all_of_them():
+    result = launch(os.path.join(SCRIPTS, "refused.py"), Topology(1, 2), deadline=60)
+    text = result.report()
+    said = [line for line in text.splitlines() if "does not simulate" in line and "Traceback" not in line]
+    assert not any(line.lstrip().startswith(("also: rank", "rank 0:", "rank 1:")) for line in said), text
+
+
+def test_a_slow_ranks_rate_keeps_two_significant_figures_below_ten_calls_a_second():
+    from meshsim.core.pace import rate_text
+
+    assert [rate_text(r) for r in (0.25, 3.14159, 12.6, 523.7)] == ["0.25", "3.1", "13", "524"]

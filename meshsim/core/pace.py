@@ -75,3 +75,9 @@ def grace(states: list[Any], end: float) -> float:
     if not still_moving(states, end):
         return 0.0
     return max(p.window for p in of_states(states, end) if not p.finished)
+
+
+def rate_text(rate: float) -> str:
+    """Calls a second in words: whole numbers from 10 up, two significant figures below (0.25 calls/s is slow,
+    not stalled)."""
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"

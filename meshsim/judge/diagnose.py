@@ -246,7 +246,7 @@ def _progress_text(state: RankState, p: pace.RankPace, total: int | None) -> str
         return "finished"
     where = f"at step {state.step} of {total}" if total and state.step is not None else \
         f"in {state.call.kind} at {state.call.site}" if state.call is not None and state.call.site else "running"
-    rate = f", {p.rate:.0f} calls/s" if p.rate is not None else ""
+    rate = f", {pace.rate_text(p.rate)} calls/s" if p.rate is not None else ""
     return f"{where}, {p.completed} calls completed{rate}"
 
 

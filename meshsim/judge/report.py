@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.outcome import CRASH, ERROR, HANG, MISMATCH, PASS, SLOW
+from ..core.pace import rate_text
 from ..core.ranks import group_text, ranks_text
 from ..model import findings as F
 from ..model import to_json
@@ -481,18 +482,33 @@ def _render_paces(diagnosis: Any, console: Console) -> None:
     for col in ("rank", "how far", "calls/s", "last call completed"):
         table.add_column(col, overflow="fold")
     for p in diagnosis.paces:
-        rate = "" if p.rate is None else f"{p.rate:.0f}"
+        rate = "" if p.rate is None else rate_text(p.rate)
         quiet = "" if p.quiet is None or p.finished else f"{p.quiet:.2f} s before the end"
         table.add_row(str(p.rank), diagnosis.elsewhere.get(p.rank, ""), rate, quiet)
     console.print(table)
+
+
+def _alike(said: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
+    """Lines that say the same of several ranks, once: "rank 1 raised X" and "rank 2 raised X" are ranks 1-2 and
+    "raised X" (in the order first said)."""
+    grouped: dict[str, list[int]] = {}
+    for rank, text in said:
+        prefix = f"rank {rank} "
+        grouped.setdefault(text[len(prefix):] if text.startswith(prefix) else text, []).append(rank)
+    return [(ranks, text) for text, ranks in grouped.items()]
+
+
+def _ranks_word(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(sorted(ranks))}"
 
 
 def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> None:
     console.print(Text.assemble(("Diagnosis: ", "bold"), (diagnosis.kind, "bold yellow"), " — culprit ranks ",
                                 (ranks_text(diagnosis.culprits) or "none identified", "bold")))
     console.print(f"  {diagnosis.summary}", markup=False, highlight=False, soft_wrap=True)
-    for cause in diagnosis.causes[1:MAX_ROWS]:  # (the headline cause is in the summary)
-        console.print(f"  also: {cause.text}", markup=False, highlight=False, soft_wrap=True)
+    for ranks, text in _alike([(c.rank, c.text) for c in diagnosis.causes[1:MAX_ROWS]]):  # (the headline's is said)
+        if text not in diagnosis.summary:  # (a summary of ranks that all raised the same already says it)
+            console.print(f"  also: {_ranks_word(ranks)} {text}", markup=False, highlight=False, soft_wrap=True)
     if diagnosis.candidates:
         console.print("  The evidence cannot decide between these ranks:", style="bold")
         for cause in diagnosis.candidates[:MAX_ROWS * 2]:
@@ -510,8 +526,8 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
                           "" if w.group_coordinate is None else str(w.group_coordinate), ranks_text(w.missing))
         console.print(table)
     if diagnosis.elsewhere:
-        for rank, where in sorted(diagnosis.elsewhere.items()):
-            console.print(f"  rank {rank}: {where}", style="dim", markup=False, highlight=False)
+        for ranks, where in _alike([(r, f"rank {r} {w}") for r, w in sorted(diagnosis.elsewhere.items())]):
+            console.print(f"  {_ranks_word(ranks)}: {where}", style="dim", markup=False, highlight=False)
     paired = {r: text for r, text in diagnosis.victims.items() if "mismatched collective" in text}
     for rank, text in sorted(paired.items())[:MAX_ROWS]:
         console.print(f"  rank {rank}, not to blame: {text}", markup=False, highlight=False, soft_wrap=True)

@@ -193,7 +193,8 @@ class Distribute:
         shape = draw(tensor_shapes(mesh.shape))
         placements = draw(placement_lists(mesh.ndim, len(shape)))
         if allow_errors and rarely(draw, 20):  # refused: one placement too many, or a dim the tensor lacks
-            placements = placements + ["R"] if draw(st.booleans()) else placements[:-1] + [f"S({len(shape)})"]
+            lacks = draw(st.sampled_from([len(shape), -len(shape) - 1]))  # past either end
+            placements = placements + ["R"] if draw(st.booleans()) else placements[:-1] + [f"S({lacks})"]
         extra = {}
         if rarely(draw, 3):  # another source than each group's first member, or none
             extra["src_data_rank"] = draw(st.sampled_from(["none", *range(min(mesh.shape))]))

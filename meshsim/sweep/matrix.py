@@ -45,7 +45,19 @@ def matrix_plans(world: int) -> list[Plan]:
         out.append(runnable(_conditions(list(two[0]))))
         out.append(runnable(_dtensor_edges(list(two[0]))))
         out.append(runnable(_device_mesh_edges(list(two[0]))))
+    out.append(runnable(_layout_edges()))
     return out
+
+
+def _layout_edges() -> list[Step]:
+    """The layout algebra under DeviceMesh at its edges: a size-1 dim (torch keeps no mode for it), and the
+    non-overlap check on layouts whose sorted dims differ in size, two and three of them, overlapping or not (a
+    permuted row-major layout, all the draws make, is orthogonal whichever sizes the check compares)."""
+    asked = [("sizes_and_strides", [1], [3]), ("sizes_and_strides", [2, 1], [1, 4]),
+             ("check_orthogonal", [2, 3], [3, 1]), ("check_orthogonal", [2, 3, 4], [12, 4, 1]),
+             ("check_orthogonal", [3, 2], [4, 1]), ("check_orthogonal", [4, 2], [1, 1]),
+             ("check_orthogonal", [2, 3], [2, 1]), ("check_sorted", [2, 3], [1, 2])]
+    return [step("layout", what=what, sizes=sizes, strides=strides) for what, sizes, strides in asked]
 
 
 def _cells(shape: list[int], dims: list[int]) -> list[Step]:
@@ -138,6 +150,7 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
             step("redistribute", tensor="mx", placements=["P(sum)", "S(0)"], out="np"),
             step("distribute", mesh="m", shape=[3], placements=["R", "R", "R"], out="long"),
             step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim"),
+            step("distribute", mesh="w", shape=[4, 2], placements=["S(-3)"], out="negdim"),
             *_meshes_from_context()]
 
 

@@ -51,10 +51,11 @@ def matrix_plans(world: int) -> list[Plan]:
 
 def _layout_edges() -> list[Step]:
     """The layout algebra under DeviceMesh at its edges: a size-1 dim (torch keeps no mode for it), and the
-    non-overlap check on layouts whose sorted dims differ in size, two and three of them, overlapping or not (a
-    permuted row-major layout, all the draws make, is orthogonal whichever sizes the check compares)."""
+    non-overlap check on layouts whose sorted dims differ in size, two and three of them (with gaps: torch coalesces
+    contiguous dims into one), overlapping or not (a permuted row-major layout, which the draws mostly make, is
+    orthogonal whichever sizes the check compares)."""
     asked = [("sizes_and_strides", [1], [3]), ("sizes_and_strides", [2, 1], [1, 4]),
-             ("check_orthogonal", [2, 3], [3, 1]), ("check_orthogonal", [2, 3, 4], [12, 4, 1]),
+             ("check_orthogonal", [2, 3], [3, 1]), ("check_orthogonal", [2, 3, 2], [24, 4, 1]),
              ("check_orthogonal", [3, 2], [4, 1]), ("check_orthogonal", [4, 2], [1, 1]),
              ("check_orthogonal", [2, 3], [2, 1]), ("check_sorted", [2, 3], [1, 2])]
     return [step("layout", what=what, sizes=sizes, strides=strides) for what, sizes, strides in asked]

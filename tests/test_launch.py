@@ -177,3 +177,19 @@ def test_a_slow_ranks_rate_keeps_two_significant_figures_below_ten_calls_a_secon
     from meshsim.core.pace import rate_text
 
     assert [rate_text(r) for r in (0.25, 3.14159, 12.6, 523.7)] == ["0.25", "3.1", "13", "524"]
+
+
+def test_each_rank_gets_the_environment_torchruns_agent_exports():
+    out = meshsim_launch("--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--role", "trainer",
+                         "--signals-to-handle", "SIGTERM,SIGUSR1", os.path.join(SCRIPTS, "torchrun_env.py"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    envs = sorted((json.loads(line.split("ENV ", 1)[1]) for line in out.stdout.splitlines() if "ENV " in line),
+                  key=lambda env: int(env["RANK"]))
+    assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"], e["ROLE_RANK"]) for e in envs] == [
+        ("0", "0", "0", "0"), ("1", "1", "0", "1"), ("2", "0", "1", "2"), ("3", "1", "1", "3")]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"], e["ROLE_WORLD_SIZE"], e["ROLE_NAME"],
+             e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"], e["TORCHELASTIC_USE_AGENT_STORE"],
+             e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], e["TORCHELASTIC_SIGNALS_TO_HANDLE"]) for e in envs} == {
+        ("4", "2", "2", "4", "trainer", "0", "1", "True", "1", "SIGTERM,SIGUSR1")}

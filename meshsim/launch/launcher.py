@@ -128,7 +128,7 @@ def _hosts(topology: Topology, settings: LaunchOptions, attempt: int, logs: Rank
             "TORCHELASTIC_RESTART_COUNT": str(attempt), "TORCHELASTIC_MAX_RESTARTS": str(settings.max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "ROLE_NAME": settings.role, "OMP_NUM_THREADS": omp,
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-            "TORCHELASTIC_ERROR_FILE": None}
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": settings.signals_to_handle, "TORCHELASTIC_ERROR_FILE": None}
         if settings.virtual_local_rank:  # each worker sees only its own GPU, as device 0
             local = topology.local_rank(rank)
             env["LOCAL_RANK"] = "0"

@@ -63,6 +63,8 @@ class LaunchOptions:
     virtual_local_rank: bool = False
     start_timeout: float = deadlines.START_S
     gpu: str | None = None  # the card each simulated GPU is (meshsim.compat.simgpu.gpus; None: an H100 80GB)
+    # torchrun's launcher exports its --signals-to-handle to the workers' environment (TORCHELASTIC_SIGNALS_TO_HANDLE)
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
     def __post_init__(self) -> None:
         if self.gpu is not None:
@@ -201,7 +203,8 @@ def request_of(ns: argparse.Namespace) -> LaunchRequest:
         duplicate_stdout_filters=_since_2_10(ns, "duplicate_stdout_filters"),
         duplicate_stderr_filters=_since_2_10(ns, "duplicate_stderr_filters"),
         logs_specs=ns.logs_specs, virtual_local_rank=bool(getattr(ns, "virtual_local_rank", False)),
-        start_timeout=start_timeout, gpu=ns.gpu)
+        start_timeout=start_timeout, gpu=ns.gpu,
+        **({"signals_to_handle": ns.signals_to_handle} if getattr(ns, "signals_to_handle", None) else {}))
     deadline = deadlines.checked(ns.deadline)
     return LaunchRequest(ns.training_script, bool(ns.module), list(ns.training_script_args), Topology(hosts, ranks),
                          deadline, ns.log_dir, options, bool(ns.groups), tuple(notes))

@@ -43,6 +43,21 @@ def test_fake_tier_reports_collectives_as_unchecked_not_as_values():
     assert any("moves no data" in note for note in result.notes)
 
 
+@pytest.mark.parametrize("tier", ["fake", "thread"])
+def test_ranks_played_by_one_process_each_plan_their_own_uneven_shard_to_shard_move(tier):
+    """torch caches a redistribute's transforms by spec alone, and each holds its rank's logical shape: played one
+    after another in one process, coordinate 1 of this uneven move got coordinate 0's row."""
+    plan = Plan((step("init_device_mesh", shape=[2, 1, 4], names=["a", "b", "c"], out="m"),
+                 step("distribute", mesh="m", shape=[1, 1], placements=["S(0)", "R", "R"], out="t"),
+                 step("redistribute", tensor="t", placements=["S(0)", "R", "S(0)"], out="u"),
+                 step("redistribute", tensor="u", placements=["S(0)", "R", "S(1)"], out="v"),
+                 step("to_local", tensor="v")))
+    with Cluster(Topology(2, 4), tier=tier, deadline=30) as cluster:
+        verdict = check(cluster, plan)
+    assert verdict.outcome == "pass", verdict.differences
+    assert [verdict.record.states[r].observations[4]["shape"] for r in (0, 4, 5)] == [[1, 1], [0, 1], [0, 0]]
+
+
 def test_fake_tier_finds_a_wrong_layout_through_digests_of_large_meshes():
     # 512 ranks: mesh views travel as digests; a prediction for another layout must disagree on every rank.
     plan = Plan((step("init_device_mesh", out="m", shape=[8, 8, 8], names=["a", "b", "c"]), step("check", mesh="m")))

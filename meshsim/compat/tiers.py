@@ -113,3 +113,16 @@ def _reduce_scatter_max_and_min() -> None:
                 outputs[0].detach().copy_(result)
 
     threaded.ReduceScatter = ReduceScatter  # type: ignore[misc]
+
+
+@patch("ranks-in-one-process.transform-infos", "a redistribute's plan per rank where one process plays several",
+       targets=("torch.distributed.tensor._redistribute._gen_transform_infos",))
+def _transform_infos_per_rank() -> None:
+    """torch caches a redistribute's transforms by the two specs alone (functools.cache), yet each transform holds
+    the logical shape at the rank's own coordinate: one rank a process never tells them apart, but where one
+    process plays several ranks (the thread and fake tiers) a rank got another's shapes (an uneven Shard -> Shard
+    on the fake tier gave coordinate 1 the rows of coordinate 0, where torch's fake group alone gives none). The
+    transforms are computed afresh for every call there, as each rank's own process would first compute them."""
+    from torch.distributed.tensor import _redistribute
+
+    _redistribute._gen_transform_infos = _redistribute._gen_transform_infos_non_cached  # type: ignore[assignment]

@@ -144,6 +144,7 @@ def fake_worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
     world = spec.hosts * spec.devices_per_host
     current = [0]
     patching.install("fake.skip-non-member-groups", lambda: current[0])
+    patching.install("ranks-in-one-process.transform-infos")
     conn.send(Ready(os.getpid()))
 
     def run(message: RunRanks) -> None:

@@ -169,6 +169,7 @@ def _threaded_world(conn: Any) -> Any:
         torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # names per thread
         _install_threaded_pg()
         patching.install("threaded.reduce-scatter-max-min")
+        patching.install("ranks-in-one-process.transform-infos")
         return dist.HashStore()
     except Exception as exc:  # this torch has no threaded process group
         conn.send(JoinFailed(f"{type(exc).__name__}: {exc}"))

@@ -61,6 +61,9 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "(generate_greedy_transform_infos, runs merged onto a flattened mesh), as the model counts them; before, "
          "other counts (a full_tensor of two shards of one tensor dim gathered twice): the process tier counts a "
          "step's collectives where this holds", since=(2, 11, 0)),
+    Rule("shard-dim-normalized", "a Shard dim still negative once distribute_tensor adds the tensor's ndim (a dim "
+         "before the front) raises AssertionError \"must be normalized\" on every rank, members of the mesh or "
+         "not (DTensorSpec's shard order); before, 2.9 took it as Shard(-1)", since=(2, 10, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "

@@ -182,6 +182,9 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     shape = tuple(a["shape"])
     placements = placements_of(a, len(shape))
     src = src_data_rank(a)
+    if holds("shard-dim-normalized", run.model.platform) and any(p[0] == "S" and p[1] < 0 for p in placements):
+        # a member may fail first, sharding along the dim that index names (padding a dim too small, ...)
+        raise ModelRaise(Err("AssertionError", "must be normalized") if mesh.coordinate is None else Err(None, ""))
     # distribute_tensor gives a rank outside the mesh an empty shard before it looks at the Shard's dim
     ndim = len(shape) if mesh.coordinate is not None else None
     D.check_placements(placements, mesh.ndim, ndim, holds("mixed-partials-refused", run.model.platform))

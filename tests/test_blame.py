@@ -184,3 +184,25 @@ def test_the_end_whose_tag_already_carried_a_message_between_the_two_is_the_culp
               _rank(1, [("w:0->1 tag 1", (0, 1), "a.py:5", "recv"), ("w:1->0 tag 1", (0, 1), "a.py:8", "send")])]
     found = blame(_record(states))
     assert (found.kind, found.culprits) == (KINDS["tag"], [1]), found.causes
+
+
+def _stuck_in_no_call(rank: int) -> RankState:
+    state = _rank(rank, [("1", (0, 1, 2), "t.py:9", "all_reduce")], held=False)
+    state.end, state.done = STUCK, False
+    return state
+
+
+def test_a_rank_held_inside_torchs_distributed_code_out_of_any_call_is_a_candidate_not_a_straggler():
+    """DDP broadcasts from C++ when it rebuilds its buckets: a rank held there is in no call meshsim follows, and
+    may wait rather than stall. Its peers wait for it in the next all_reduce; the record cannot tell which."""
+    waiting = [_rank(r, [("1", (0, 1, 2), "t.py:9", "all_reduce"), ("1", (0, 1, 2), "t.py:9", "all_reduce")])
+               for r in (0, 1)]
+    stacks = {2: 'Current thread 0x1 (most recent call first):\n  File "/x/torch/nn/parallel/distributed.py", line '
+                 '1775 in _pre_forward\n  File "/w/t.py", line 8 in main\n'}
+    record = _record([*waiting, _stuck_in_no_call(2)])
+    record.stacks = stacks
+    found = blame(record)
+    assert found.culprits == [] and [c.rank for c in found.candidates] == [2], found.causes
+    assert "_pre_forward at distributed.py:1775" in found.candidates[0].text
+    record.stacks = {2: stacks[2].replace("/x/torch/nn/parallel/distributed.py", "/w/t.py")}  # the user's own code
+    assert blame(record).culprits == [2]

@@ -25,6 +25,8 @@ plan's own divergence (when there is a plan), then the camp that stopped calling
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable
 
 from ...core.outcome import KINDS
@@ -74,7 +76,30 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
         found = creation_blame(states, held)
         found.causes = [Cause(r, found.kind, f"rank {r} {states[r].where}") for r in found.culprits]
         return found
-    return collectives_blame(states, held, set(divergent), record.unseen)
+    return collectives_blame(states, held, set(divergent), record.unseen, _in_torch_distributed(record, held))
+
+
+# where torch's distributed machinery calls collectives from C++, out of the Python calls meshsim follows (DDP's
+# reducer, FSDP's and DTensor's internals, c10d itself)
+_DISTRIBUTED = re.compile(r'File "(?P<file>[^"]*/torch/(?:distributed|nn/parallel)/[^"]+)", line (?P<line>\d+) in '
+                          r'(?P<func>\S+)')
+_FIRST_FRAME = re.compile(r'File "[^"]+", line \d+ in \S+')
+
+
+def _in_torch_distributed(record: RunRecord, held: dict[int, CallBegun]) -> dict[int, str]:
+    """Ranks stuck in no call the record shows, whose innermost frame is in torch's distributed code: each may wait
+    in a call torch makes from C++ (DDP rebuilding its buckets broadcasts from C++), not stall. Where each is."""
+    found = {}
+    for s in record.states:
+        stack = record.stacks.get(s.rank, "")
+        current = stack.split("Current thread", 1)[1] if "Current thread" in stack else ""
+        first = _FIRST_FRAME.search(current)
+        if s.end != STUCK or s.rank in held or first is None:
+            continue
+        inner = _DISTRIBUTED.match(first.group(0))
+        if inner is not None:
+            found[s.rank] = f"{inner['func']} at {os.path.basename(inner['file'])}:{inner['line']}"
+    return found
 
 
 def _sizes_parted(states: list[RankState], died: list[int]) -> Blame | None:

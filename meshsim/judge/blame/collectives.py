@@ -18,7 +18,7 @@ from .tags import tag_causes
 
 
 def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int],
-                      unseen: str = "") -> Blame:
+                      unseen: str = "", hidden: dict[int, str] | None = None) -> Blame:
     """For every member that a held rank waits for: why it is not in that call. It left or stalled (a culprit),
     it went past the call to one the others make after it (it skipped it: a culprit), or it is held up upstream
     (the wait goes on through it). Members that made another call at the same position disagree: the siblings
@@ -27,10 +27,11 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     send and a recv that wait for each other under different tags (meshsim.judge.blame.tags); counts before order:
     ranks held in a call past the count their part's ranks made added it; then the waits form a cycle
     (meshsim.judge.blame.cycles). `unseen`: calls the record cannot show (a rank in none of its
-    calls may wait in one of those: a candidate, not a straggler)."""
+    calls may wait in one of those: a candidate, not a straggler); `hidden`: ranks in no call the record shows whose
+    stack is in torch's distributed code (where it is): each may wait in a call torch makes from C++."""
     order = StateOrder(states)
     ref = Reference(states, order.roles)
-    causes, upstream = _missing(states, order, held, unseen)
+    causes, upstream = _missing(states, order, held, unseen, hidden or {})
     # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
     distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
     for call in (distinct[k] for k in sorted(distinct)):
@@ -90,8 +91,8 @@ def _blamed(states: list[RankState], held: dict[int, CallBegun], causes: dict[in
     return Blame(ordered[0].kind, culprits, ordered[0].text, victims, ordered, candidates)
 
 
-def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBegun], unseen: str
-             ) -> tuple[dict[int, Cause], dict[int, set[int]]]:
+def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBegun], unseen: str,
+             hidden: dict[int, str]) -> tuple[dict[int, Cause], dict[int, set[int]]]:
     """Why each member a held rank waits for is not in its call; the members held up upstream, by waiting rank."""
     causes: dict[int, Cause] = {}
     upstream: dict[int, set[int]] = {}
@@ -99,7 +100,7 @@ def _missing(states: list[RankState], order: StateOrder, held: dict[int, CallBeg
     for rank, call in sorted(held.items()):
         for m in _not_there(states, call):
             if (call.group, call.seq, m) not in why:
-                why[(call.group, call.seq, m)] = _why_missing(states, order, call, m, unseen)
+                why[(call.group, call.seq, m)] = _why_missing(states, order, call, m, unseen, hidden.get(m))
             cause = why[(call.group, call.seq, m)]
             if cause is not None:
                 # a skip is the root of what the rank did next (stall, leave): it wins whichever wait showed it
@@ -238,8 +239,8 @@ def _not_there(states: list[RankState], call: CallBegun) -> list[int]:
     return [m for m in call.ranks if m < len(states) and states[m].calls_on.get(call.group, 0) <= call.seq]
 
 
-def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m: int, unseen: str = ""
-                 ) -> Cause | None:
+def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m: int, unseen: str = "",
+                 inside: str | None = None) -> Cause | None:
     """Why member m has not issued `call`; None when it is held up upstream (the wait goes on through it). A rank
     in no call where the record cannot show some (`unseen`) may wait in one of those: a candidate."""
     state = states[m]
@@ -258,7 +259,11 @@ def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m:
                     f"wait in #{call.seq}")
             if unseen:
                 text += "; it may wait in a call the record cannot show rather than stall"
-            return Cause(m, KINDS["straggler"], text, call.group, count, candidate=bool(unseen))
+            elif inside:
+                text += (f"; its stack is in torch's distributed code ({inside}), outside any call meshsim follows: it "
+                         "may wait in one torch makes from C++ (DDP's bucket rebuild, its buffer broadcasts) rather "
+                         "than stall")
+            return Cause(m, KINDS["straggler"], text, call.group, count, candidate=bool(unseen or inside))
         text = f"rank {m} {state.where} after {count} calls on group {group_text(call.ranks)}, where its peers wait"
         return Cause(m, KINDS["left"], text, call.group, count)
     if order.precedes(wanted, order.key(held.group, held.seq)):

@@ -279,6 +279,21 @@ def test_from_local_checks_shard_dims_as_torch_does_on_ranks_outside_the_mesh(sh
         assert made["shape"] == shape and made["local_shape"] == [0] and made["values"] == []
 
 
+def test_past_1024_ranks_a_full_tensor_with_nothing_to_gather_leaves_its_layout_unclaimed():
+    """full_tensor of a Replicate DTensor hands the block back as it is (a Shard -> Shard move's block may be a
+    view): its contiguity is not simulated, where a gather's fresh tensor is contiguous. Found by the README's
+    fake-tier sweep at 4,096 ranks."""
+    from meshsim.core.wire import NOT_SIMULATED
+
+    plan = Plan((step("init_device_mesh", shape=[1024, 2], names=["a", "b"], out="m"),
+                 step("distribute", mesh="m", shape=[3], placements=["R", "R"], out="r"),
+                 step("full_tensor", tensor="r"),
+                 step("distribute", mesh="m", shape=[3], placements=["R", "S(0)"], out="s"),
+                 step("full_tensor", tensor="s")))
+    seen = predict_rank(plan, 2048, 5)
+    assert seen[2]["contiguous"] == NOT_SIMULATED and seen[4]["contiguous"] is True
+
+
 def _reversed_concatenation_gathered(order: list[str], release: tuple[int, int, int] = (2, 13, 0)) -> object:
     """full_tensor() of a [S(0), S(0)] DTensor on the concatenation of a (4, 1, 2) root's dp and cp slices."""
     from meshsim.spec.platform import Platform

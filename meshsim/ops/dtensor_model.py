@@ -258,13 +258,16 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
     return result
 
 
-def plain_observation(dt: D.DTensorModel, rank: int, whole: bool) -> Any:
+def plain_observation(dt: D.DTensorModel, rank: int, whole: bool, gathered: bool = False) -> Any:
     """What `rank` observes of a plain tensor it takes out of a DTensor: its block (to_local) or the whole tensor
-    (full_tensor). Where values are not simulated, the shape alone."""
+    (full_tensor; `gathered`: there was something to gather). Where values are not simulated, the shape alone, and
+    the layout only of a gather's fresh (contiguous) tensor: with nothing to gather, full_tensor gives the block
+    back as it is (a Shard -> Shard move's block may be a view)."""
     if not dt.simulated:
         shape = dt.shape if whole else D.local_shape_and_offset(dt.shape, dt.placements, dt.mesh.coordinate,
                                                                  dt.mesh.shape)[0]
-        return {"shape": list(shape), "values": NOT_SIMULATED, "contiguous": True if whole else NOT_SIMULATED}
+        return {"shape": list(shape), "values": NOT_SIMULATED,
+                "contiguous": True if whole and gathered else NOT_SIMULATED}
     return dt.observe(rank, plain_tensor_seen_by(rank))
 
 

@@ -111,8 +111,13 @@ def dtensors(b: Any) -> list[tuple[str, D.DTensorModel]]:
 def tensor_shapes(draw: Any, mesh_shape: tuple[int, ...]) -> list[int]:
     """Shapes that rarely divide the mesh: sizes 0 and 1, primes, a mesh dim's size plus one."""
     sizes = sorted({0, 1, 2, 3, 5, 7} | {s + 1 for s in mesh_shape} | set(mesh_shape))
-    shape = draw(st.lists(st.sampled_from(sizes), min_size=1, max_size=3))
-    while math.prod(shape) > MAX_DTENSOR_NUMEL:  # a large mesh's sizes, several of them: keep what a plan may hold
+    return within_numel(draw(st.lists(st.sampled_from(sizes), min_size=1, max_size=3)))
+
+
+def within_numel(shape: list[int]) -> list[int]:
+    """A drawn shape cut to what a plan may hold (a large mesh's sizes, several of them): its largest sizes
+    become 1."""
+    while math.prod(shape) > MAX_DTENSOR_NUMEL:
         shape[shape.index(max(shape))] = 1
     return shape
 

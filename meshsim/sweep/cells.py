@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ..model import dtensor as D
 from ..model.mesh import MeshModel
 from ..ops import OPERATIONS, rarely
-from ..ops.dtensor import redistribute_targets, usable
+from ..ops.dtensor import redistribute_targets, usable, within_numel
 from ..ops.meshes import well_named
 from ..spec.placements import placement_text
 from ..spec.plan import step
@@ -143,8 +143,8 @@ def _source(draw: Any, b: Any, handle: str, mesh: MeshModel, d: int, kind: str) 
         placements = [p if p != "S" else f"S({draw(st.integers(0, len(local) - 1))})" for p in placements]
         b.add(step("from_local", mesh=handle, local_shape=local, placements=placements, out=out))
     else:
-        shape = draw(st.lists(st.sampled_from(sorted({1, 2, 3, 4, 5, 6, 7, 8, 9} | set(mesh.shape))), min_size=1,
-                              max_size=3))
+        shape = within_numel(draw(st.lists(st.sampled_from(sorted({1, 2, 3, 4, 5, 6, 7, 8, 9} | set(mesh.shape))),
+                                           min_size=1, max_size=3)))
         placements = [p if p != "S" else f"S({draw(st.integers(0, len(shape) - 1))})" for p in placements]
         b.add(step("distribute", mesh=handle, shape=shape, placements=placements, out=out))
     return out if out in b.run.handles else None

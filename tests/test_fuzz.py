@@ -98,7 +98,11 @@ def test_a_property_failure_shrinks_to_two_steps_on_four_ranks(meshsim_pool):
     # Exotic choices sit where shrinking leaves them (ops.rarely); when they sat at 0, shrinking walked into
     # them and this settled on 8 ranks.
     assert info.value.result.world == 4, info.value.result.plan.describe()
-    assert len(plan.steps) <= 3, plan.describe()
+    # what the fault needs: a root, a mesh derived from it and a check. A plan always draws a first root, and whether
+    # the shrinker then turns it into the one the failure needs (3 steps) or leaves it beside that one (4) depends on
+    # Hypothesis' version (6.155 reached 3 here, 6.170 stops at 4): the roots aside, two steps.
+    assert len([s for s in plan.steps if s.op not in ("init_device_mesh", "mesh")]) <= 2, plan.describe()
+    assert len(plan.steps) <= 4, plan.describe()
 
 
 def test_check_property_passes_on_sound_torch(meshsim_cluster):

@@ -62,9 +62,10 @@ class RankLogs:
             ranks = range(host * per_host, (host + 1) * per_host)
             local = {r - host * per_host: {k: v or "" for k, v in envs[r].items()} for r in ranks}
             dest = spec.reify(local)
-            for needles, path in ((self.options.duplicate_stdout_filters, dest.filtered_stdout),
-                                  (self.options.duplicate_stderr_filters, dest.filtered_stderr)):
-                if needles and path != os.devnull:
+            # (torch before 2.10 has no duplicate filters, and its LogsDest no filtered files)
+            for needles, path in ((self.options.duplicate_stdout_filters, getattr(dest, "filtered_stdout", None)),
+                                  (self.options.duplicate_stderr_filters, getattr(dest, "filtered_stderr", None))):
+                if needles and path is not None and path != os.devnull:
                     open(path, "w").close()  # torchrun opens it when filters are given, matched or not
             for rank in ranks:
                 lr = rank - host * per_host

@@ -294,6 +294,18 @@ def test_past_1024_ranks_a_full_tensor_with_nothing_to_gather_leaves_its_layout_
     assert seen[2]["contiguous"] == NOT_SIMULATED and seen[4]["contiguous"] is True
 
 
+@pytest.mark.parametrize("release, outside", [((2, 9, 1), "IndexError"), ((2, 10, 0), "IndexError"),
+                                              ((2, 11, 0), None), ((2, 13, 0), None)])
+def test_a_rank_outside_a_2d_mesh_slices_it_from_2_11_and_raised_before(release, outside):
+    """Measured on every release: 2.9 and 2.10 indexed the non-member's empty list of dim groups."""
+    from meshsim.spec.platform import Platform
+
+    plan = Plan((step("mesh", layout=[[0], [1], [2], [3]], names=["dp", "tp"], out="m"),
+                 step("slice", src="m", names=["dp"], out="s")))
+    seen = predict(plan, 8, platform=Platform(release=release)).ranks[5].observations[1]
+    assert (seen.type if isinstance(seen, Err) else None) == outside, seen
+
+
 def _reversed_concatenation_gathered(order: list[str], release: tuple[int, int, int] = (2, 13, 0)) -> object:
     """full_tensor() of a [S(0), S(0)] DTensor on the concatenation of a (4, 1, 2) root's dp and cp slices."""
     from meshsim.spec.platform import Platform

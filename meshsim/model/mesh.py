@@ -260,6 +260,8 @@ class RankModel:
             raise ModelRaise(Err("AttributeError", "_dim_group_names"))
         if mesh.groups and len(mesh.groups) != len(mesh.names):  # names of the wrong length were let through
             raise ModelRaise(Err("AssertionError", "The number of dim_group_names and mesh_dim_names should have"))
+        if mesh.coordinate is None and mesh.ndim > 1 and not holds("slice-outside-the-mesh", self.platform):
+            raise ModelRaise(Err("IndexError", "list index out of range"))  # (measured on 2.9.1 and 2.10.0)
         if mesh.groups:
             for n in req:
                 if n in mesh.names:

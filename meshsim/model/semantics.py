@@ -64,6 +64,9 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("shard-dim-normalized", "a Shard dim still negative once distribute_tensor adds the tensor's ndim (a dim "
          "before the front) raises AssertionError \"must be normalized\" on every rank, members of the mesh or "
          "not (DTensorSpec's shard order); before, 2.9 took it as Shard(-1)", since=(2, 10, 0)),
+    Rule("slice-outside-the-mesh", "a rank outside a mesh of two dims or more slices it (a submesh with no groups "
+         "there); before, 2.9 and 2.10 raised IndexError on that rank, indexing its empty list of dim groups",
+         since=(2, 11, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "

@@ -498,17 +498,13 @@ def _alike(said: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
     return [(ranks, text) for text, ranks in grouped.items()]
 
 
-def _ranks_word(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(sorted(ranks))}"
-
-
 def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> None:
     console.print(Text.assemble(("Diagnosis: ", "bold"), (diagnosis.kind, "bold yellow"), " — culprit ranks ",
                                 (ranks_text(diagnosis.culprits) or "none identified", "bold")))
     console.print(f"  {diagnosis.summary}", markup=False, highlight=False, soft_wrap=True)
     for ranks, text in _alike([(c.rank, c.text) for c in diagnosis.causes[1:MAX_ROWS]]):  # (the headline's is said)
         if text not in diagnosis.summary:  # (a summary of ranks that all raised the same already says it)
-            console.print(f"  also: {_ranks_word(ranks)} {text}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  also: {_ranks_said(sorted(ranks))} {text}", markup=False, highlight=False, soft_wrap=True)
     if diagnosis.candidates:
         console.print("  The evidence cannot decide between these ranks:", style="bold")
         for cause in diagnosis.candidates[:MAX_ROWS * 2]:
@@ -527,7 +523,7 @@ def render_diagnosis(diagnosis: Any, console: Console, stacks: bool = True) -> N
         console.print(table)
     if diagnosis.elsewhere:
         for ranks, where in _alike([(r, f"rank {r} {w}") for r, w in sorted(diagnosis.elsewhere.items())]):
-            console.print(f"  {_ranks_word(ranks)}: {where}", style="dim", markup=False, highlight=False)
+            console.print(f"  {_ranks_said(sorted(ranks))}: {where}", style="dim", markup=False, highlight=False)
     paired = {r: text for r, text in diagnosis.victims.items() if "mismatched collective" in text}
     for rank, text in sorted(paired.items())[:MAX_ROWS]:
         console.print(f"  rank {rank}, not to blame: {text}", markup=False, highlight=False, soft_wrap=True)

@@ -92,11 +92,10 @@ def _in_torch_distributed(record: RunRecord, held: dict[int, CallBegun]) -> dict
     found = {}
     for s in record.states:
         stack = record.stacks.get(s.rank, "")
-        current = stack.split("Current thread", 1)[1] if "Current thread" in stack else ""
-        first = _FIRST_FRAME.search(current)
-        if s.end != STUCK or s.rank in held or first is None:
+        if s.end != STUCK or s.rank in held or "Current thread" not in stack:
             continue
-        inner = _DISTRIBUTED.match(first.group(0))
+        first = _FIRST_FRAME.search(stack.split("Current thread", 1)[1])
+        inner = _DISTRIBUTED.match(first.group(0)) if first is not None else None
         if inner is not None:
             found[s.rank] = f"{inner['func']} at {os.path.basename(inner['file'])}:{inner['line']}"
     return found

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from meshsim import Plan, step
 from meshsim.core.releases import KNOWN, parse, text
-from meshsim.model.expect import Err
+from meshsim.model.expect import Err, Quirk
 from meshsim.model.predict import predict
 from meshsim.model.semantics import RULES, holds, needs
 from meshsim.ops import validate
@@ -103,6 +103,54 @@ def test_a_sum_predicted_with_the_placements_torch_chose_keeps_the_global_value(
     assert observed(plan, NEWEST, 2)["placements"] == ["R", "R"]  # the model's own rule
     assert observed(plan, NEWEST, 2, chosen=chose)["placements"] == ["S(0)", "P(sum)"]
     assert observed(plan, NEWEST, 3, chosen=chose) == observed(plan, NEWEST, 3)  # the contract holds either way
+
+
+def _sum_of_shard_and_avg_partial_on_two_of_eight_ranks():
+    return Plan((step("mesh", layout=[[0], [1]], names=["dp", "tp"], out="m"),
+                 step("from_local", mesh="m", local_shape=[2], placements=["P(avg)", "P(avg)"], out="x"),
+                 step("redistribute", tensor="x", placements=["S(0)", "P(avg)"], out="y"),
+                 step("sum", tensor="y", dim=0, out="s")))
+
+
+def test_a_choice_the_meshs_members_made_is_followed_on_them_and_not_outside_the_mesh():
+    plan = _sum_of_shard_and_avg_partial_on_two_of_eight_ranks()
+    chose = {3: ["P(sum)", "R"]}  # torch 2.15's members; ranks outside the mesh keep [R, R] (measured)
+    assert observed(plan, NEWEST, 3, rank=0)["placements"] == ["R", "R"]
+    assert observed(plan, NEWEST, 3, rank=0, chosen=chose)["placements"] == ["P(sum)", "R"]
+    assert observed(plan, NEWEST, 3, rank=5, chosen=chose) == observed(plan, NEWEST, 3, rank=5)
+
+
+def test_torch_chose_reads_one_choice_from_the_ranks_that_departed_and_none_where_they_disagree():
+    from types import SimpleNamespace
+
+    from meshsim.model.choices import torch_chose
+
+    plan = _sum_of_shard_and_avg_partial_on_two_of_eight_ranks()
+    prediction = predict(plan, 8, platform=NEWEST)
+
+    def record(choices):
+        states = []
+        for rank in range(8):
+            seen = [prediction.expected(rank, i) for i in range(4)]
+            seen[3] = dict(seen[3], placements=choices.get(rank, seen[3]["placements"]))
+            states.append(SimpleNamespace(rank=rank, observations=seen))
+        return SimpleNamespace(states=states)
+
+    members_chose = record({0: ["P(sum)", "R"], 1: ["P(sum)", "R"]})
+    assert torch_chose(plan, prediction, members_chose) == {3: ["P(sum)", "R"]}
+    members_disagree = record({0: ["P(sum)", "R"], 1: ["S(0)", "R"]})
+    assert torch_chose(plan, prediction, members_disagree) == {}
+
+
+@pytest.mark.parametrize("placements", [["S(0)", "R"], ["R", "S(1)"], ["S(0)", "S(1)"]])
+def test_a_sum_of_a_shard_on_an_indexed_device_mesh_fails_on_its_members_from_2_14_only(placements):
+    plan = Plan((step("mesh", layout=[[0, 1], [2, 3]], names=["a", "b"], device="cpu:0", out="m"),
+                 step("distribute", mesh="m", shape=[4, 4], placements=placements, out="x"),
+                 step("sum", tensor="x", dim=0, out="s")))
+    for release, fails in (((2, 13, 0), False), ((2, 14, 1), True), ((2, 15, 0), True)):
+        on_member = observed(plan, Platform(release=release), 2, rank=1)
+        assert isinstance(on_member, Quirk) == fails, release
+        assert not isinstance(observed(plan, Platform(release=release), 2, rank=6), Quirk)  # outside the mesh
 
 
 def test_a_choice_no_legal_strategy_can_make_is_not_followed():

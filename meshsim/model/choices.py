@@ -20,20 +20,19 @@ from .predict import Chosen, Prediction
 
 
 def torch_chose(plan: Plan, prediction: Prediction, record: RunRecord) -> Chosen:
-    """Steps where torch made a choice other than the model's: step -> torch's choice (one, the same on every
-    rank that made it; ranks that disagree among themselves are a difference, not a choice)."""
+    """Steps where torch made a choice other than the model's: step -> torch's choice, one, the same on every rank
+    that chose otherwise than the model predicts (ranks that disagree among themselves are a difference, not a
+    choice). Ranks outside a DTensor's mesh may choose as the model predicts where its members do not: torch 2.15
+    prices a sum's strategies by the rank's own local shape; the model follows a choice on the members only."""
     chosen: Chosen = {}
     for index, st in enumerate(plan.steps):
         key = operation_of(st).chooses
         if key is None:
             continue
-        seen = {repr(o[key]): o[key] for o in _observed(record, index) if isinstance(o, dict) and key in o}
-        if len(seen) != 1:
-            continue
-        choice = next(iter(seen.values()))
-        predicted = {repr(e[key]) for e in _expected(prediction, record, index) if isinstance(e, dict) and key in e}
-        if predicted and predicted != {repr(choice)}:
-            chosen[index] = choice
+        departed = {repr(o[key]): o[key] for o, e in _observed_expected(prediction, record, index)
+                    if isinstance(o, dict) and key in o and isinstance(e, dict) and key in e and o[key] != e[key]}
+        if len(departed) == 1:
+            chosen[index] = next(iter(departed.values()))
     return chosen
 
 
@@ -49,8 +48,9 @@ def changes(plan: Plan, before: Prediction, record: RunRecord, chosen: Chosen, r
     return lines
 
 
-def _observed(record: RunRecord, index: int) -> list[Any]:
-    return [s.observations[index] for s in record.states
+def _observed_expected(prediction: Prediction, record: RunRecord, index: int) -> list[tuple[Any, Any]]:
+    """(observation, the model's expectation) at `index`, on every rank that got that far."""
+    return [(s.observations[index], _plain(prediction.expected(s.rank, index))) for s in record.states
             if s.observations is not None and index < len(s.observations)]
 
 

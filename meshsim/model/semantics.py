@@ -86,6 +86,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("mesh-rank-keyword", "DeviceMesh(..., _rank=r) builds a mesh as rank r sees it", since=(2, 10, 0)),
     Rule("shard-to-partial", "redistribute takes Shard -> Partial(sum) (the shard, zero elsewhere); before, "
          "\"redistributing to Partial is for internal use only\"", since=(2, 14, 0)),
+    Rule("sum-prices-every-strategy", "torch.sum prices a move for any placement but Replicate: on a mesh of an "
+         "indexed device type (\"cpu:0\") a sum of a Shard or Partial(sum) fails on the mesh's members (finding "
+         "dtensor-indexed-device-type); before, only a Partial of another op was moved, so only it failed",
+         since=(2, 14, 0)),
     Rule("preserve-rank-order", "DeviceMesh(..., preserve_rank_order=True) keeps each dim's group in mesh order, "
          "so the group rank is the mesh coordinate; the meshes derived from it inherit it", since=(2, 15, 0)),
     Rule("mesh-abort", "DeviceMesh.abort() aborts a root mesh's process groups", since=(2, 15, 0)),

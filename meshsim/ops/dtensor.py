@@ -467,7 +467,8 @@ class Sum:
         dim = a["dim"] + ndim if a["dim"] < 0 else a["dim"]
         if not 0 <= dim < ndim:
             raise ModelRaise(Err("IndexError", "Dimension out of range"))
-        needed = _input_for(dt.placements, run.chosen.get(run.index), dim)
+        # torch's choice is its members': a rank outside the mesh may price the strategies otherwise (model.choices)
+        needed = _input_for(dt.placements, run.chosen.get(run.index), dim) if dt.geometry is not None else None
         if needed is not None:  # torch chose these output placements: its input was redistributed to `needed`
             return _summed(run, model_redistribute(run, dt, needed, "sum"), dim)
         if any(p[0] == "P" and p[1] != "sum" for p in dt.placements):
@@ -475,15 +476,14 @@ class Sum:
             # and every Shard of the summed dim (replicate_reduction_dims), then sums locally
             needed = [("R",) if p[0] == "P" or p == ("S", dim) else p for p in dt.placements]
             if ":" in dt.mesh.device:  # the strategy prices that redistribution: torch fails on every rank
-                right = _summed(run, model_redistribute(run, dt, needed, "sum"), dim)
-                right_only = dataclasses.replace(right, torch=right.right).observation(run.model.rank)
-                said = "device_count" if holds("sharding-errors-unwrapped", run.model.platform) \
-                    else "Sharding propagation failed"
-                raise ModelRaise(Quirk(right_only, Err("RuntimeError", said), D.INDEXED_DEVICE))
+                _priced_on_indexed_device(run, _summed(run, model_redistribute(run, dt, needed, "sum"), dim))
             dt = model_redistribute(run, dt, needed, "sum")
             if not holds("sum-reduces-other-partials", run.model.platform):  # torch < 2.10 sums the partials
                 run.findings.add(SUM_OVER_PARTIALS)
                 return dataclasses.replace(_summed(run, dt, dim), torch=None, finding=SUM_OVER_PARTIALS)
+        if ":" in dt.mesh.device and dt.geometry is not None and dt.placements != [("R",)] * len(dt.placements) \
+                and holds("sum-prices-every-strategy", run.model.platform):
+            _priced_on_indexed_device(run, _summed(run, dt, dim))  # a Shard, a Partial(sum): its members fail
         return _summed(run, dt, dim)
 
     def torch(ex: Any, a: dict) -> Any:
@@ -501,6 +501,14 @@ class Sum:
 
 
 SUM_OVER_PARTIALS = "dtensor-sum-linear-over-other-partials"
+
+
+def _priced_on_indexed_device(run: Any, right: D.DTensorModel) -> None:
+    """torch fails where a sum's strategy prices a move on a mesh of device type "cpu:0"; `right` is what it
+    should give (finding dtensor-indexed-device-type)."""
+    right_only = dataclasses.replace(right, torch=right.right).observation(run.model.rank)
+    said = "device_count" if holds("sharding-errors-unwrapped", run.model.platform) else "Sharding propagation failed"
+    raise ModelRaise(Quirk(right_only, Err("RuntimeError", said), D.INDEXED_DEVICE))
 
 
 def _summed(run: Any, dt: D.DTensorModel, dim: int) -> D.DTensorModel:

@@ -353,8 +353,8 @@ REGISTRY: dict[str, Finding] = {
             "Partial(avg|max|min) fails on every rank with \"'NoneType' object has no attribute 'device_count'\" "
             "(MeshTopoInfo.build_from_mesh asks torch.<device_type> for its device count); from 2.14 a sum of "
             "any placement but Replicate fails so on the mesh's members (rule sum-prices-every-strategy). "
-            "Right: the same values as on DeviceMesh('cpu', ...), or the mesh refused up front. Related: pytorch/pytorch#178550 "
-            "(num_devices_per_host has no handler for non-physical devices).",
+            "Right: the same values as on DeviceMesh('cpu', ...), or the mesh refused up front. Related: "
+            "pytorch/pytorch#178550 (num_devices_per_host has no handler for non-physical devices).",
             since="2.9.0",
         ),
         Finding(

@@ -50,6 +50,27 @@ def test_plans_drawn_for_a_release_use_only_what_it_has(data, release):
     validate(data.draw(plans(8, platform=platform)), 8, platform)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_plans_drawn_for_torch_2_9_hold_no_tensor_with_a_size_0_dim(data):
+    plan = data.draw(plans(8, platform=OLDEST))
+    for st_ in plan.steps:
+        shape = st_.args.get("shape") if st_.op == "distribute" else st_.args.get("local_shape")
+        assert 0 not in (shape or []), st_
+
+
+@pytest.mark.parametrize(("shape", "placements", "fails_on_2_9"), [
+    ([3, 0], ["S(0)"], True), ([1, 0, 2], ["S(0)"], True), ([8, 0], ["S(0)"], False), ([0, 2], ["S(0)"], False),
+    ([2, 0], ["S(1)"], False)])
+def test_distributing_a_short_shard_of_a_tensor_with_a_size_0_dim_after_it_fails_on_torch_2_9_only(
+        shape, placements, fails_on_2_9):
+    plan = Plan((step("init_device_mesh", shape=[8], names=["a"], out="m"),
+                 step("distribute", mesh="m", shape=shape, placements=placements, out="x")))
+    failed = Err("RuntimeError", "The input size 0, plus negative padding")
+    assert (observed(plan, OLDEST, 1, rank=3) == failed) == fails_on_2_9
+    assert observed(plan, Platform(release=(2, 10, 0)), 1, rank=3) != failed
+
+
 def test_the_matrix_plans_leave_out_what_the_installed_release_lacks_and_stay_valid():
     for plan in matrix_plans(8):
         validate(plan, 8)

@@ -67,6 +67,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("slice-outside-the-mesh", "a rank outside a mesh of two dims or more slices it (a submesh with no groups "
          "there); before, 2.9 and 2.10 raised IndexError on that rank, indexing its empty list of dim groups",
          since=(2, 11, 0)),
+    Rule("pad-empty-dims", "DTensor's zero padding of a short shard (F.pad) keeps a size-0 dim after the padded "
+         "one; before, 2.9 raised RuntimeError \"The input size 0, plus negative padding 0 and 0 resulted in a "
+         "negative output size\" where it pads such a tensor: a distribute_tensor on the members, a redistribute "
+         "on the members whose shard is short (the others wait: a hang the model does not count, so 2.9's draws "
+         "make no size-0 dim)", since=(2, 10, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "

@@ -190,6 +190,9 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     D.check_placements(placements, mesh.ndim, ndim, holds("mixed-partials-refused", run.model.platform))
     if any(p[0] == "P" for p in placements) and not holds("distribute-partial", run.model.platform):
         raise ModelRaise(Err("RuntimeError", "Trying to distribute tensor with unsupported placements"))
+    if src is not None and mesh.coordinate is not None and not holds("pad-empty-dims", run.model.platform) \
+            and _pads_an_empty_dim(shape, placements, mesh.coordinate, tuple(mesh.shape)):
+        raise ModelRaise(Err("RuntimeError", "The input size 0, plus negative padding"))
     _groups_needed(mesh)
     if src is not None and mesh.coordinate is not None and any(src >= n for n in mesh.shape):
         # a group rank no dim's group has: the backend refuses the root (gloo: "invalid root rank"), on every member
@@ -200,6 +203,15 @@ def model_distribute(run: Any, a: dict) -> D.DTensorModel:
     return _derive(None, mesh, geo, shape, placements,
                    lambda g, _, order, flat: D.distribute(g, _RankTensors(shape), placements, order, src),
                    ("distribute", shape, tuple(placements), src))
+
+
+def _pads_an_empty_dim(shape: tuple[int, ...], placements: list[tuple], coordinate: tuple[int, ...],
+                       mesh_shape: tuple[int, ...]) -> bool:
+    """Whether distribute_tensor pads a chunk of a tensor with a size-0 dim after the sharded one, on this rank:
+    it splits its tensor as each mesh dim sees it and pads every short chunk (torch 2.9's F.pad refuses that)."""
+    logical = D.logical_shapes(shape, placements, coordinate, mesh_shape)
+    shards = [(i, p[1] % len(shape)) for i, p in enumerate(placements) if p[0] == "S"]  # (2.9 takes S(-1))
+    return any(logical[i][d] % mesh_shape[i] and 0 in logical[i][d + 1:] for i, d in shards)
 
 
 def torch_plan(dt: D.DTensorModel, target: list[tuple], flattened: Any) -> list[D.Move]:

@@ -71,6 +71,8 @@ CASES = [
     ("pp_tied_embed_ring", (2, 4), [0, 4], REORDERED, None),
     ("ddp_contiguous_shards", (2, 4), [7], SKIPPED, "dp"),
     ("pipeline_first_stage_check", (2, 4), [4], REORDERED, None),
+    ("hier_embed_sync", (2, 4), [2, 7], SKIPPED, "node"),
+    ("pp_recompute_peer", (2, 4), [5], MISMATCHED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -92,7 +94,8 @@ PLAIN = {"return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wr
 MODEL = {"ddp_uneven_inputs", "ddp_skip_backward", "fsdp2_skip_step", "dtensor_redistribute_skipped"}
 # their own training or eval loops first: measured blind at 5 s
 HELD_OUT = {"tp_throughput_logging", "pair_loader_broadcast", "interleaved_pp_eval", "vocab_parallel_ce_eval",
-            "hier_allreduce_stream", "pp_tied_embed_ring", "ddp_contiguous_shards", "pipeline_first_stage_check"}
+            "hier_allreduce_stream", "pp_tied_embed_ring", "ddp_contiguous_shards", "pipeline_first_stage_check",
+            "hier_embed_sync", "pp_recompute_peer"}
 
 
 def _deadline(script: str) -> float:

@@ -42,7 +42,7 @@ from .records import (
     _ranks_text,
     _replace,
 )
-from .siblings import complete_siblings
+from .siblings import complete_by_creation_order, complete_siblings
 
 
 def build(dumpset: Any, world: int | None = None) -> Incident:
@@ -97,6 +97,7 @@ def build(dumpset: Any, world: int | None = None) -> Incident:
     incident = Incident(dumpset.directory if hasattr(dumpset, "directory") else "", version, backend,
                         dumps[0].comm_lib_version, size, dict(sorted(ranks.items())), groups, meshes,
                         [d.rank for d in dumps], notes)
+    complete_by_creation_order(incident)  # (before the siblings: a filled group may join them)
     incident.siblings = _siblings(incident)
     complete_siblings(incident)
     _lines_from_peers(incident)

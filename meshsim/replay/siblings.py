@@ -7,6 +7,7 @@ skipped its group's only call shows in no group. Pure Python, no torch.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterable
 
 from .records import Group, Incident, _ranks_text
@@ -89,3 +90,71 @@ def _fills(unseen: list[int], short: list[int]) -> Iterable[list[tuple[int, ...]
 def _evenly_strided(ranks: set[int]) -> bool:
     ordered = sorted(ranks)
     return len({b - a for a, b in itertools.pairwise(ordered)}) <= 1
+
+
+def complete_by_creation_order(incident: Incident) -> None:
+    """Groups made one after another by one loop (`[new_group([s, s + 1]) for s in ...]`: a pipeline's links) have
+    consecutive names and members that move by a fixed step from one to the next. Where the groups of such a run
+    known from their calls all fit one rule (member j of group k is a_j + b_j * k) and one of them shows fewer
+    members, a member that never called there is the rule's: taken where a recorded member is held on the group
+    and each rank added has pg_ids that count it a member (its pg_id on a later group counts the groups it is in
+    before it, the default group 0 included), and said in a note."""
+    numbered = sorted((int(g.name), g) for g in incident.groups.values() if g.name.isdigit() and g.source == "calls")
+    for run in _consecutive_runs(numbered):
+        size = Counter(len(g.ranks) for _, g in run).most_common(1)[0][0]
+        full = [(k, sorted(g.ranks)) for k, g in run if len(g.ranks) == size]
+        rule = _linear_rule(full)
+        if rule is None or len(full) < 3 or len(full) == len(run):
+            continue
+        for k, g in run:
+            predicted = {a + b * k for a, b in rule}
+            extra = sorted(predicted - set(g.ranks))
+            if len(g.ranks) >= size or not set(g.ranks) < predicted or not _held_on(incident, g) or \
+                    not all(0 <= r < incident.world and _counted_in(incident, r, k) for r in extra):
+                continue
+            g.ranks, g.source = tuple(sorted(predicted)), "calls+creation order"
+            incident.notes.append(
+                f"{g.describe()}: rank{'s' if len(extra) > 1 else ''} {_ranks_text(extra)} taken as member"
+                f"{'s' if len(extra) > 1 else ''} though no call of {'theirs' if len(extra) > 1 else 'its'} there "
+                f"is recorded: the groups made just before and after it step their members by one rule, and "
+                f"{'their' if len(extra) > 1 else 'its'} pg_ids count one group more than the dumps show")
+
+
+def _consecutive_runs(numbered: list[tuple[int, Group]]) -> list[list[tuple[int, Group]]]:
+    runs: list[list[tuple[int, Group]]] = []
+    for k, g in numbered:
+        if runs and runs[-1][-1][0] == k - 1:
+            runs[-1].append((k, g))
+        else:
+            runs.append([(k, g)])
+    return [run for run in runs if len(run) >= 4]
+
+
+def _linear_rule(full: list[tuple[int, list[int]]]) -> list[tuple[int, int]] | None:
+    """(a_j, b_j) for each member position j such that member j of group k is a_j + b_j * k, from the first two
+    groups and held by every other; None where none holds."""
+    if len(full) < 2:
+        return None
+    (k0, m0), (k1, m1) = full[0], full[1]
+    steps = [(b - a, k1 - k0) for a, b in zip(m0, m1)]
+    if any(d % n for d, n in steps):
+        return None
+    rule = [(a - (d // n) * k0, d // n) for a, (d, n) in zip(m0, steps)]
+    return rule if all(members == [a + b * k for a, b in rule] for k, members in full) else None
+
+
+def _counted_in(incident: Incident, rank: int, name: int) -> bool:
+    """The rank's pg_id on some later group of its own counts group `name` among its groups (the default group is
+    its pg_id 0); False where no recorded pg_id says so."""
+    record = incident.ranks.get(rank)
+    if record is None:
+        return False
+    member_of = {int(g.name) for g in incident.groups.values() if g.name.isdigit() and rank in g.ranks}
+    for pg_id, key in record.pg_ids.items():
+        later = incident.groups.get(key)
+        if later is None or not later.name.isdigit() or int(later.name) <= name:
+            continue
+        before = {n for n in member_of if n < int(later.name)} | {0}
+        if pg_id == len(before) + 1 and name not in before:
+            return True
+    return False

@@ -51,6 +51,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         added = added_off_the_path(states, held)  # a cycle behind a call no other rank makes: that call
     else:
         added = {}
+    if _decided(causes) and upstream:  # a second culprit beside the first: one call more than its part made
+        causes.update(_beside(added_alone(states, ref, held), causes, held))
     causes.update(_added_at_the_end(states, ref, held, causes))
     if _decided(causes):
         causes.update(_skipped_behind(states, order, causes))
@@ -60,9 +62,15 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     decided = {r for r, c in causes.items() if not c.candidate}
     if departing and set(departing) != decided:
         causes = departing
-    elif not departing and added and set(added) < decided:
-        causes = added
+    elif not departing and added and (set(added) < decided or not decided):
+        causes = added  # (where only candidates were left, the call off the path decides)
     return _blamed(states, held, causes, unseen)
+
+
+def _beside(found: dict[int, Cause], causes: dict[int, Cause], held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Of the culprits another rule found, those that are not already named and do not wait for a named one (a
+    rank held behind a culprit waits as it should)."""
+    return {r: c for r, c in found.items() if r not in causes and not set(held[r].ranks) & set(causes)}
 
 
 def _decided(causes: dict[int, Cause]) -> bool:

@@ -43,11 +43,56 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
     if not cycle:  # whom the held ranks wait for is not known (a group's other members): the ranks waited for
         cycle = {m for ranks in upstream.values() for m in ranks if m in held}
     members = _members(states, held)
-    for shape in (lambda r, g: _shape(r, g, members, order), lambda r, g: _nth(states, r, g, order)):
+    shapes: list[Callable[[int, str], Any]] = [lambda r, g: _shape(r, g, members, order)]
+    if any(_shape(r, held[r].group, members, order)[0] == "group" for r in cycle if r in held):
+        shapes.append(lambda r, g: _nth(states, r, g, order))  # (only where whom a call is with is not known)
+    for shape in shapes:
         found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
-    return _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
+    return silent_links(states, held, members) or \
+        _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
+
+
+def silent_links(states: list[RankState], held: dict[int, CallBegun],
+                 members: dict[str, tuple[int, ...]]) -> dict[int, Cause]:
+    """A stage that never called on one of its links (a group of two) while its partner waits there, though every
+    other rank with links at the same offsets calls on its link at that offset and this one calls on its others:
+    it does not take that part of the pipeline (the first stage of a host receiving on its downstream link, not
+    its upstream one). Its partner, and the ranks behind, wait as they should."""
+    links = _links(states, members)
+    found: dict[int, Cause] = {}
+    for w, call in sorted(held.items()):
+        ranks = members.get(call.group, call.ranks)
+        if len(ranks) != 2 or w not in ranks:
+            continue
+        m = next(r for r in ranks if r != w)
+        offset = w - m
+        if m >= len(states) or m in found or _called_on(states[m], call.group) or links.get(m, {}).get(
+                offset) != call.group or not any(_called_on(states[m], g) for g in links[m].values()):
+            continue
+        peers = [p for p in links if p != m and p < len(states) and set(links[p]) == set(links[m])]
+        if len(peers) >= 2 and all(_called_on(states[p], links[p][offset]) for p in peers):
+            found[m] = Cause(m, KINDS["mismatched"], (  # (it called on another link where its peers call here)
+                f"rank {m} never called on its link {group_text(ranks)} (with the rank {offset:+d} from it), where "
+                f"ranks {ranks_text(peers)} call on theirs at that offset, and it calls on its other links: rank {w} "
+                f"waits for it in {call.kind} #{call.seq} there"), call.group, call.seq)
+    return found
+
+
+def _called_on(state: RankState, group: str) -> bool:
+    return any(g == group for g, _ in state.call_log)
+
+
+def _links(states: list[RankState], members: dict[str, tuple[int, ...]]) -> dict[int, dict[int, str]]:
+    """Each rank's groups of two, by the offset of the other member from it (a pipeline stage's links)."""
+    out: dict[int, dict[int, str]] = {}
+    for group, ranks in members.items():
+        if len(ranks) == 2 and channel_ends(group) is None:
+            a, b = ranks
+            out.setdefault(a, {})[b - a] = group
+            out.setdefault(b, {})[a - b] = group
+    return out
 
 
 def _odd_stages(held: dict[int, CallBegun], cycle: set[int], shapes: dict[int, Any]) -> dict[int, Cause]:

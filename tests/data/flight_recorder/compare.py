@@ -4,6 +4,7 @@
 import os
 import sys
 
+from meshsim.core.ranks import ranks_text
 from meshsim.replay.analyze import analyze
 from meshsim.replay.dumps import read_dir
 from meshsim.replay.incident import build
@@ -25,10 +26,13 @@ def row(case: str) -> str:
     elif torch.culprits:
         theirs = f"culprits {torch.culprits} ({', '.join(k for k in torch.kinds if k != 'missing ranks')})"
     elif torch.missing:
-        theirs = f"no culprit; missing ranks {torch.missing}"
+        listed = str(torch.missing) if len(torch.missing) <= 8 else "[" + ranks_text(torch.missing).replace(",", ", ") + "]"
+        theirs = f"no culprit; missing ranks {listed}"
     else:
         theirs = "nothing wrong"
     same = "yes" if torch.failed is None and torch.culprits == analysis.culprits else "no"
+    if same == "yes" and not analysis.culprits:
+        same = "both name none"
     answers = {v for v in torch.by_order.values()}
     order = (f"yes: {len(answers)} answers in {len(torch.by_order)} orders" if torch.order_dependent else "no")
     return f"| `{case}` | {ours} | {as_dumped} | {theirs} | {same} | {order} |"

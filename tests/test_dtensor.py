@@ -155,6 +155,20 @@ def test_from_local_blocks_tell_ranks_apart_so_a_partial_sum_names_its_members()
     assert values == [[4096 * 5], [4096 * 10], [4096 * 5], [4096 * 10]]
 
 
+def test_from_local_with_a_stride_and_no_shape_is_refused_on_every_rank_members_or_not(meshsim_cluster):
+    plan = Plan((step("mesh", layout=[[0], [1]], names=["a", "b"], out="m"),
+                 step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], stride=[1], out="t"),
+                 step("check", mesh="m")))
+    result = meshsim_cluster.run(plan)
+    assert result.passed, result.report()
+    refused = predict(plan, 8).ranks[5].observations[1]  # a rank outside the mesh
+    assert (refused.type, refused.match) == ("RuntimeError", "Please pass both shape and stride at the same time")
+    with pytest.raises(PlanError, match="'shape' passes its own contiguous stride"):
+        validate(Plan((step("init_device_mesh", shape=[8], names=["w"], out="w"),
+                       step("from_local", mesh="w", local_shape=[2], placements=["S(0)"], shape=[16], stride=[1],
+                            out="t"))), 8)
+
+
 CONTEXT_PLAN = Plan((step("init_device_mesh", shape=[8], names=["w"], out="w"),
                      step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
                      step("distribute", mesh="m", shape=[5, 2], placements=["S(0)", "R"], mesh_from="context",

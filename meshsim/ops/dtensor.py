@@ -280,18 +280,22 @@ class ToLocal:
 
 @operation("from_local", "dtensor",
            {"mesh": F.MESH, "tensor": F.DTENSOR, "local_shape": F.TENSOR_SHAPE, "placements": F.PLACEMENTS,
-            "run_check": F.BOOL, "shape": F.TENSOR_SHAPE, "mesh_from": F.MESH_FROM, "within": F.MESH},
+            "run_check": F.BOOL, "shape": F.TENSOR_SHAPE, "stride": F.TENSOR_SHAPE, "mesh_from": F.MESH_FROM,
+            "within": F.MESH},
            required=("mesh", "placements"), produces=DT, weight=1)
 class FromLocal:
     """DTensor.from_local of this rank's block: `tensor`'s local block, or a fresh `local_shape` block holding
     4096 * 2**rank + 0, 1, 2, ... (values that tell ranks apart); `shape` passes the global shape (and its
-    contiguous stride), else torch infers it as if shards were even; `run_check` broadcasts Replicate dims;
+    contiguous stride), else torch infers it as if shards were even; `stride` alone passes a global stride
+    without a shape (torch refuses the one without the other); `run_check` broadcasts Replicate dims;
     `mesh_from`, `within`: see with_mesh"""
 
     @staticmethod
     def check_args(a: dict) -> None:
         if ("tensor" in a) == ("local_shape" in a):
             raise F.PlanError("needs exactly one of 'tensor' (a DTensor whose block to take) or 'local_shape'")
+        if "stride" in a and "shape" in a:
+            raise F.PlanError("'shape' passes its own contiguous stride: 'stride' is for a stride without a shape")
         check_mesh_source(a)
 
     def model(run: Any, a: dict) -> Any:
@@ -304,6 +308,8 @@ class FromLocal:
         placements = placements_of(a, len(mine.shape))
         D.check_placements(placements, mesh.ndim, _sharded_ndim(a, mine, geo),
                            holds("mixed-partials-refused", run.model.platform))
+        if "stride" in a:  # (before the rank's membership counts: every rank refuses it)
+            raise ModelRaise(Err("RuntimeError", "Please pass both shape and stride at the same time"))
         shape = tuple(a["shape"]) if "shape" in a else global_shape(mine.shape, placements, mesh.shape)
         if geo is None:
             return _derive(None, mesh, None, shape, placements, None)
@@ -339,6 +345,8 @@ class FromLocal:
             import torch
 
             kwargs = {"shape": torch.Size(a["shape"]), "stride": contiguous_strides(a["shape"])}
+        elif "stride" in a:
+            kwargs = {"stride": tuple(a["stride"])}
         placements = torch_placements(a["placements"], local.ndim)
         return with_mesh(ex, mesh, a, lambda given: DTensor.from_local(local, given, placements,
                                                                    run_check=a.get("run_check", False), **kwargs))
@@ -359,8 +367,10 @@ class FromLocal:
                         out=b.fresh("t"), **extra, **draw(mesh_sources(allow_errors)))
         local_shape = draw(st.lists(st.integers(least_size(b.platform), 3), min_size=1, max_size=2))
         placements = draw(placement_lists(mesh.ndim, len(local_shape)))
+        # refused: a global stride without its shape
+        extra = {"stride": list(contiguous_strides(local_shape))} if allow_errors and rarely(draw, 20) else {}
         return step("from_local", mesh=handle, local_shape=local_shape, placements=placements, run_check=run_check,
-                    out=b.fresh("t"), **draw(mesh_sources(allow_errors)))
+                    out=b.fresh("t"), **extra, **draw(mesh_sources(allow_errors)))
 
 
 def check_mesh_source(a: dict) -> None:

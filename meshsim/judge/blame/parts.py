@@ -29,24 +29,54 @@ class ProgramOrder:
 
     def precedes(self, first: Any, then: Any) -> bool | None:
         if (first, then) not in self._cache:
-            votes: Counter[bool] = Counter()
-            for positions in self.position:
-                a, b = positions.get(first), positions.get(then)
-                if a is not None and b is not None:
-                    votes[a < b] += 1
+            votes = self._votes(first, then)
             self._cache[(first, then)] = None if votes[True] == votes[False] else votes[True] > votes[False]
         return self._cache[(first, then)]
 
+    def _votes(self, first: Any, then: Any) -> Counter[bool]:
+        votes: Counter[bool] = Counter()
+        for positions in self.position:
+            a, b = positions.get(first), positions.get(then)
+            if a is not None and b is not None:
+                votes[a < b] += 1
+        return votes
+
 
 class StateOrder(ProgramOrder):
-    """The program order of a record's ranks."""
+    """The program order of a record's ranks. Where no rank made both of two calls (one rank went past the call
+    its peers wait in, to one none of them reached yet), a loop's earlier iteration tells: the same two parts'
+    calls, each an equal number of calls back."""
+
+    LOOKBACK = 3  # iterations back
 
     def __init__(self, states: list[RankState]):
         self.roles = roles_of(states)
         super().__init__([self.key(group, seq) for group, seq in s.issued] for s in states)
+        self.sites: dict[tuple[Any, int], set[Any]] = {}  # a call of the program -> the lines it was made at
+        for s in states:
+            for (group, seq), (site, _) in s.call_log.items():
+                self.sites.setdefault(self.key(group, seq), set()).add(site)
 
     def key(self, group: str, seq: int) -> tuple[Any, int]:
         return (self.roles.get(group, group), seq)
+
+    def precedes(self, first: Any, then: Any) -> bool | None:
+        found = super().precedes(first, then)
+        if found is not None or self._votes(first, then):  # (a tie is no evidence to look past)
+            return found
+        for back in range(1, self.LOOKBACK + 1):
+            if min(first[1], then[1]) < back:
+                break
+            earlier_first, earlier_then = (first[0], first[1] - back), (then[0], then[1] - back)
+            if not (self._same_line(first, earlier_first) and self._same_line(then, earlier_then)):
+                continue  # (not the loop's same two calls: a call at a line of its own is no iteration's)
+            earlier = super().precedes(earlier_first, earlier_then)
+            if earlier is not None:
+                return earlier
+        return None
+
+    def _same_line(self, key: tuple[Any, int], earlier: tuple[Any, int]) -> bool:
+        return bool(self.sites.get(key, set()) & self.sites.get(earlier, set()) - {None})
 
 
 def roles_of(states: list[RankState]) -> dict[str, Any]:

@@ -362,15 +362,19 @@ class FromLocal:
         if own and draw(st.booleans()):
             ref, dt = draw(st.sampled_from(own))
             placements = [placement_text(p) for p in dt.placements]
-            extra = {"shape": list(dt.shape)} if draw(st.booleans()) else {}
+            extra = {"shape": list(dt.shape)} if draw(st.booleans()) else _stride_alone(draw, dt.shape, allow_errors)
             return step("from_local", mesh=handle, tensor=ref, placements=placements, run_check=run_check,
                         out=b.fresh("t"), **extra, **draw(mesh_sources(allow_errors)))
         local_shape = draw(st.lists(st.integers(least_size(b.platform), 3), min_size=1, max_size=2))
         placements = draw(placement_lists(mesh.ndim, len(local_shape)))
-        # refused: a global stride without its shape
-        extra = {"stride": list(contiguous_strides(local_shape))} if allow_errors and rarely(draw, 20) else {}
+        extra = _stride_alone(draw, local_shape, allow_errors)
         return step("from_local", mesh=handle, local_shape=local_shape, placements=placements, run_check=run_check,
                     out=b.fresh("t"), **extra, **draw(mesh_sources(allow_errors)))
+
+
+def _stride_alone(draw: Any, shape: Any, allow_errors: bool) -> dict:
+    """Now and then the refused request: a global stride without its shape."""
+    return {"stride": list(contiguous_strides(shape))} if allow_errors and rarely(draw, 5) else {}
 
 
 def check_mesh_source(a: dict) -> None:

@@ -121,7 +121,8 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
     """DTensor's API at its edges: Partial placements distributed, a redistribute that changes nothing (and one to
     a negative Shard dim), from_local
     with a given shape and run_check, a negative Shard dim, torch.sum of Partials it must reduce first, and the
-    requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks)."""
+    requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks, a
+    stride without its shape)."""
     a, b = shape
     world = a * b
     return [step("init_device_mesh", shape=[world], names=["w"], out="w"),
@@ -152,6 +153,7 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
             step("distribute", mesh="m", shape=[3], placements=["R", "R", "R"], out="long"),
             step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim"),
             step("distribute", mesh="w", shape=[4, 2], placements=["S(-3)"], out="negdim"),
+            step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], stride=[1], out="nostride"),
             *_meshes_from_context()]
 
 

@@ -52,6 +52,7 @@ class StateOrder(ProgramOrder):
     def __init__(self, states: list[RankState]):
         self.roles = roles_of(states)
         super().__init__([self.key(group, seq) for group, seq in s.issued] for s in states)
+        self._earlier: dict[tuple[Any, Any], bool | None] = {}
         self.sites: dict[tuple[Any, int], set[Any]] = {}  # a call of the program -> the lines it was made at
         for s in states:
             for (group, seq), (site, _) in s.call_log.items():
@@ -62,8 +63,13 @@ class StateOrder(ProgramOrder):
 
     def precedes(self, first: Any, then: Any) -> bool | None:
         found = super().precedes(first, then)
-        if found is not None or self._votes(first, then):  # (a tie is no evidence to look past)
+        if found is not None:
             return found
+        if (first, then) not in self._earlier:  # (a tie is no evidence to look past)
+            self._earlier[(first, then)] = None if self._votes(first, then) else self._by_earlier(first, then)
+        return self._earlier[(first, then)]
+
+    def _by_earlier(self, first: tuple[Any, int], then: tuple[Any, int]) -> bool | None:
         for back in range(1, self.LOOKBACK + 1):
             if min(first[1], then[1]) < back:
                 break

@@ -50,7 +50,7 @@ def _drawn_ops(strategy, examples=300):
 
 
 def test_the_plan_strategy_draws_every_operation_but_the_faults():
-    assert _drawn_ops(plans(8)) == {name for name, op in OPERATIONS.items() if op.role != "fault"}
+    assert _drawn_ops(plans(8), 600) == {name for name, op in OPERATIONS.items() if op.role != "fault"}
 
 
 def test_an_operation_the_plan_strategy_would_never_draw_is_refused_when_it_is_defined():

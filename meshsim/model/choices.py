@@ -55,8 +55,7 @@ def _observed_expected(prediction: Prediction, record: RunRecord, index: int) ->
 
 
 def _expected(prediction: Prediction, record: RunRecord, index: int) -> list[Any]:
-    return [_plain(prediction.expected(s.rank, index)) for s in record.states
-            if s.observations is not None and index < len(s.observations)]
+    return [e for _, e in _observed_expected(prediction, record, index)]
 
 
 def _plain(expected: Any) -> Any:

@@ -61,6 +61,10 @@ def silent_links(states: list[RankState], held: dict[int, CallBegun],
     it does not take that part of the pipeline (the first stage of a host receiving on its downstream link, not
     its upstream one). Its partner, and the ranks behind, wait as they should."""
     links = _links(states, members)
+    called = {r: {g for g, _ in states[r].call_log} for r in links if r < len(states)}
+    alike: dict[frozenset[int], list[int]] = {}  # the ranks with links at the same offsets
+    for r in called:
+        alike.setdefault(frozenset(links[r]), []).append(r)
     found: dict[int, Cause] = {}
     for w, call in sorted(held.items()):
         ranks = members.get(call.group, call.ranks)
@@ -68,20 +72,16 @@ def silent_links(states: list[RankState], held: dict[int, CallBegun],
             continue
         m = next(r for r in ranks if r != w)
         offset = w - m
-        if m >= len(states) or m in found or _called_on(states[m], call.group) or links.get(m, {}).get(
-                offset) != call.group or not any(_called_on(states[m], g) for g in links[m].values()):
+        if m not in called or m in found or call.group in called[m] or links[m].get(offset) != call.group or \
+                not called[m] & set(links[m].values()):
             continue
-        peers = [p for p in links if p != m and p < len(states) and set(links[p]) == set(links[m])]
-        if len(peers) >= 2 and all(_called_on(states[p], links[p][offset]) for p in peers):
+        peers = [p for p in alike[frozenset(links[m])] if p != m]
+        if len(peers) >= 2 and all(links[p][offset] in called[p] for p in peers):
             found[m] = Cause(m, KINDS["mismatched"], (  # (it called on another link where its peers call here)
                 f"rank {m} never called on its link {group_text(ranks)} (with the rank {offset:+d} from it), where "
                 f"ranks {ranks_text(peers)} call on theirs at that offset, and it calls on its other links: rank {w} "
                 f"waits for it in {call.kind} #{call.seq} there"), call.group, call.seq)
     return found
-
-
-def _called_on(state: RankState, group: str) -> bool:
-    return any(g == group for g, _ in state.call_log)
 
 
 def _links(states: list[RankState], members: dict[str, tuple[int, ...]]) -> dict[int, dict[int, str]]:

@@ -7,6 +7,7 @@ ranks compare calls they made on different groups of one part.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -52,11 +53,8 @@ class StateOrder(ProgramOrder):
     def __init__(self, states: list[RankState]):
         self.roles = roles_of(states)
         super().__init__([self.key(group, seq) for group, seq in s.issued] for s in states)
+        self._states = states
         self._earlier: dict[tuple[Any, Any], bool | None] = {}
-        self.sites: dict[tuple[Any, int], set[Any]] = {}  # a call of the program -> the lines it was made at
-        for s in states:
-            for (group, seq), (site, _) in s.call_log.items():
-                self.sites.setdefault(self.key(group, seq), set()).add(site)
 
     def key(self, group: str, seq: int) -> tuple[Any, int]:
         return (self.roles.get(group, group), seq)
@@ -80,6 +78,15 @@ class StateOrder(ProgramOrder):
             if earlier is not None:
                 return earlier
         return None
+
+    @functools.cached_property
+    def sites(self) -> dict[tuple[Any, int], set[Any]]:
+        """A call of the program -> the lines it was made at (read only where no rank made both of two calls)."""
+        sites: dict[tuple[Any, int], set[Any]] = {}
+        for s in self._states:
+            for (group, seq), (site, _) in s.call_log.items():
+                sites.setdefault(self.key(group, seq), set()).add(site)
+        return sites
 
     def _same_line(self, key: tuple[Any, int], earlier: tuple[Any, int]) -> bool:
         return bool(self.sites.get(key, set()) & self.sites.get(earlier, set()) - {None})

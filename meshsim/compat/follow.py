@@ -283,15 +283,23 @@ def _storage(tensor: Any) -> tuple[str, int] | None:
         return None
 
 
-def _functional_group(signature: inspect.Signature, args: tuple, kwargs: dict, describe: Callable) -> Any:
-    """A functional collective's group, from any form it takes (a group, its name, a mesh, (mesh, dim))."""
+def _argument(name: str, at: int | None, args: tuple, kwargs: dict, default: Any) -> Any:
+    """An argument by keyword or at its position (binding the signature on every call was a tenth of what the
+    followers cost a rank in a sweep)."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[at] if at is not None and len(args) > at else default
+
+
+def _functional_group(places: tuple[int | None, int | None], args: tuple, kwargs: dict, describe: Callable) -> Any:
+    """A functional collective's group, from any form it takes (a group, its name, a mesh, (mesh, dim));
+    `places`: the positions of its group and tag parameters."""
     import torch.distributed._functional_collectives as funcol
     import torch.distributed.distributed_c10d as c10d
     from torch.distributed.device_mesh import DeviceMesh
 
-    bound = signature.bind_partial(*args, **kwargs).arguments
-    group: Any = bound.get("group")
-    pg = c10d._resolve_process_group(funcol._resolve_group_name(group, bound.get("tag", "")))
+    group: Any = _argument("group", places[0], args, kwargs, None)
+    pg = c10d._resolve_process_group(funcol._resolve_group_name(group, _argument("tag", places[1], args, kwargs, "")))
     if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
         _remember_mesh_dim(group[0], group[1], pg)
     elif isinstance(group, DeviceMesh):
@@ -302,14 +310,15 @@ def _functional_group(signature: inspect.Signature, args: tuple, kwargs: dict, d
 def _wrap_functional(name: str, original: Callable, describe: Callable) -> Callable:
     import torch.distributed._functional_collectives as funcol
 
-    signature = inspect.signature(original)
+    params = list(inspect.signature(original).parameters)
+    places = tuple(params.index(p) if p in params else None for p in ("group", "tag"))
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if getattr(_local, "inside", False):
             return original(*args, **kwargs)
         try:
-            ranks, group_name = _functional_group(signature, args, kwargs, describe)
+            ranks, group_name = _functional_group(places, args, kwargs, describe)
         except Exception:  # a group torch itself will refuse: let it say so
             return original(*args, **kwargs)
         progress = current()

@@ -24,6 +24,8 @@ from .generation import Generation, preload
 from .rank import WorkerSpec
 from .reaper import Reaper
 
+FORGET_EVERY = 16  # runs between two deletions of their groups' store keys (tens of kilobytes held at most)
+
 _open_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
@@ -41,6 +43,7 @@ class WorkerPool:
         self.store: Any = None
         self.port = 0
         self._kept_keys: set[str] | None = None  # store keys of the running generation itself (not of its work)
+        self._runs_unforgotten = 0  # runs since their store keys were last deleted
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._ctx: Any = None
         self._reaper: Reaper | None = None
@@ -140,9 +143,15 @@ class WorkerPool:
             self.generation = None
 
     def forget_work_keys(self) -> None:
-        """Delete the store keys the last run's groups left. Every new_group leaves rendezvous keys in the store,
-        which lives in this process: a long sweep would otherwise grow it by kilobytes a plan. Call only once
-        every rank has finished the run (no group of it is still connecting)."""
+        """Delete the store keys the last runs' groups left, every FORGET_EVERY runs. Every new_group leaves
+        rendezvous keys in the store, which lives in this process: a long sweep would otherwise grow it by
+        kilobytes a plan. (Names never repeat, so a key left a while misleads no later group; deleting them after
+        every plan, one store round trip a key, was a fiftieth of a sweep's time.) Call only once every rank has
+        finished the run (no group of it is still connecting)."""
+        self._runs_unforgotten += 1
+        if self._runs_unforgotten < FORGET_EVERY:
+            return
+        self._runs_unforgotten = 0
         kept = self._kept_keys
         if kept is not None:
             spare = f"g{self.spare.number}/" if self.spare is not None else None  # (joining its world meanwhile)

@@ -60,12 +60,10 @@ class Check:
 def checks(release: str = text(KNOWN[-1])) -> list[Check]:
     scenarios = runnable_scenarios(release)
     return [
-        # seed 3: seed 1 draws, on 2.9.1, a redistribute of nested empty shards after which torch 2.9 issues another
-        # count of all_gathers on some ranks and hangs, which the model, counting collectives from 2.11 on
-        # (redistribute-comms), does not predict there; seed 2 draws, on 2.15.0, a torch.sum whose placements 2.15
-        # chooses otherwise than the model follows (both open: notes of stop 2026-11-27)
+        # seed 1 draws, on 2.9.1, a gather of nested uneven shards whose empty shards 2.9's F.pad refuses (rule
+        # pad-empty-dims): a hang the model predicts, which the matrix of releases checks on every run
         Check("sweep", ["-m", "meshsim", "fuzz", "--hosts", "2", "--devices-per-host", "4", "--examples", "100",
-                        "--seed", "3"], 0, 600),
+                        "--seed", "1"], 0, 600),
         Check("scenarios", ["-m", "meshsim", "run", *scenarios], 0, 600),
         Check("launch", ["-m", "meshsim", "launch", "--nnodes", "2", "--nproc-per-node", "4", "--deadline", "120",
                          str(ROOT / "meshsim" / "examples" / "scripts" / "hsdp.py")], 0, 300),

@@ -71,6 +71,39 @@ def test_distributing_a_short_shard_of_a_tensor_with_a_size_0_dim_after_it_fails
     assert observed(plan, Platform(release=(2, 10, 0)), 1, rank=3) != failed
 
 
+def test_gathering_nested_uneven_shards_hangs_on_torch_2_9_where_the_ranks_with_an_empty_shard_fail_to_pad_it():
+    """[1, 1] sharded on both dims of a 2 x 4 mesh: 2.9 pads each rank's shard to the full chunk before the gather,
+    and F.pad refuses the shards of shape [0, 0] (ranks 5-7), which raise while their peers wait in the gather."""
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
+                 step("distribute", mesh="m", shape=[1, 1], placements=["R", "S(0)"], out="t"),
+                 step("redistribute", tensor="t", placements=["S(0)", "S(0)"], out="u"),
+                 step("redistribute", tensor="u", placements=["S(1)", "S(0)"], out="v"),
+                 step("full_tensor", tensor="v")))
+    failed = Err("RuntimeError", "The input size 0, plus negative padding")
+    oldest = predict(plan, 8, platform=OLDEST)
+    assert oldest.outcome == "hang"
+    assert [r for r in range(8) if oldest.expected(r, 4) == failed] == [5, 6, 7]
+    # 4 waits for them in the gather on mesh dim 'b', 1-3 in the gather on 'a' and 0 there with 4
+    assert sorted(s.rank for s in oldest.stuck) == [0, 1, 2, 3, 4]
+    newer = predict(plan, 8, platform=Platform(release=(2, 10, 0)))
+    assert newer.outcome == "pass" and newer.expected(5, 4)["values"] == [4096]
+
+
+@pytest.mark.parametrize(("names", "refused_on_2_9"), [
+    (["ep", "pp"], True), (["pp", "ep"], False), (["ab", "c"], False), (["c", "ab"], True), (["b", "ab"], True)])
+def test_torch_2_9_orders_a_slice_by_its_names_where_later_releases_order_it_by_the_layout(names, refused_on_2_9):
+    """Out of order on dims of size 1 (and a flattened name at its last root dim): 2.9 refuses it, 2.10 on compare
+    the layouts, in which a size-1 dim has no place."""
+    plan = Plan((step("init_device_mesh", shape=[2, 2, 2, 1, 1], names=["a", "b", "c", "pp", "ep"], out="m"),
+                 step("slice", src="m", names=["a", "b"], out="s"),
+                 step("flatten", src="s", name="ab", out="f"),
+                 step("slice", src="m", names=names, out="x")))
+    refused = Err("KeyError", "Invalid mesh_dim_names")
+    assert (observed(plan, OLDEST, 3) == refused) == refused_on_2_9
+    if not {"b", "ab"} <= set(names):  # (overlapping: every release refuses it)
+        assert observed(plan, Platform(release=(2, 10, 0)), 3) != refused
+
+
 def test_the_matrix_plans_leave_out_what_the_installed_release_lacks_and_stay_valid():
     for plan in matrix_plans(8):
         validate(plan, 8)

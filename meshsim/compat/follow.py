@@ -311,7 +311,8 @@ def _wrap_functional(name: str, original: Callable, describe: Callable) -> Calla
     import torch.distributed._functional_collectives as funcol
 
     params = list(inspect.signature(original).parameters)
-    places = tuple(params.index(p) if p in params else None for p in ("group", "tag"))
+    group_at, tag_at = (params.index(p) if p in params else None for p in ("group", "tag"))
+    places = (group_at, tag_at)
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..spec.platform import CPU, Platform
 from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
-from .mesh_state import WORLD_KEY, Call, Group, MeshModel, summary
+from .mesh_state import WORLD_KEY, Call, Group, MeshModel, names_ascend, summary
 from .semantics import holds
 
 # What this module re-exports (meshsim.model.mesh_state's, and the platform a RankModel runs on)
@@ -246,6 +246,8 @@ class RankModel:
         dims = [_index(mesh.layout, mesh.names.index(n), "tuple index out of range") if n in mesh.names else flat[n]
                 for n in req]
         merged = L.collapse(tuple(dims))
+        if not holds("mesh-layout", self.platform) and not names_ascend(mesh, req, root.flatten_mapping):
+            raise ModelRaise(Err("KeyError", "Invalid mesh_dim_names"))  # 2.9 orders the names, not the layout
         if not L.is_descending(merged):
             self.findings.add("slice-order-docstring")
             raise ModelRaise(Quirk(Err("KeyError", "Mesh dim indices should be in ascending order"),
@@ -300,6 +302,8 @@ class RankModel:
         if result.coordinate is None and not by_layout:  # torch < 2.10 fails on a rank outside the mesh
             self.findings.add(FLATTEN_OUTSIDE)
             raise ModelRaise(Quirk(summary(result), Err("UnboundLocalError", "res_flattened_mesh"), FLATTEN_OUTSIDE))
+        if not by_layout:
+            result.root_dims = tuple(root.names.index(n) for n in mesh.names)
         root.flatten_mapping[name] = result
         return result
 

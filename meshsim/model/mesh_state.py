@@ -63,6 +63,7 @@ class MeshModel:
     backend_ready: bool = True  # False: built with _init_backend=False and never given groups
     preserve: bool = False  # preserve_rank_order (2.15): each dim's group in mesh order; derived meshes inherit it
     platform: Platform = CPU  # the torch it lives in (what its DTensors' steps do follows its release)
+    root_dims: tuple[int, ...] = ()  # a flattened mesh's dims in its root, where torch 2.9 keeps them by name
 
     @property
     def root_mesh(self) -> MeshModel:
@@ -101,3 +102,15 @@ def summary(mesh: MeshModel) -> Any:
     if mesh.creation_quirk is not None:
         return Quirk(mesh.creation_quirk.right, obs, mesh.creation_quirk.finding)
     return obs
+
+
+def names_ascend(mesh: MeshModel, names: tuple[str, ...], flattened: dict[str, MeshModel]) -> bool:
+    """torch 2.9's order check of a slice: each name's dim in the mesh (a flattened name's last dim in the root)
+    after the one before it."""
+    last = -1
+    for name in names:
+        at = mesh.names.index(name) if mesh.names and name in mesh.names else flattened[name].root_dims[-1]
+        if at <= last:
+            return False
+        last = at
+    return True

@@ -69,9 +69,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          since=(2, 11, 0)),
     Rule("pad-empty-dims", "DTensor's zero padding of a short shard (F.pad) keeps a size-0 dim after the padded "
          "one; before, 2.9 raised RuntimeError \"The input size 0, plus negative padding 0 and 0 resulted in a "
-         "negative output size\" where it pads such a tensor: a distribute_tensor on the members, a redistribute "
-         "on the members whose shard is short (the others wait: a hang the model does not count, so 2.9's draws "
-         "make no size-0 dim)", since=(2, 10, 0)),
+         "negative output size\" where it pads such a tensor: a distribute_tensor on the members, and the gather, "
+         "all_to_all or reduce_scatter of a redistribute on the members whose shard is short there (their peers "
+         "wait in that collective: a hang). 2.9's draws make no tensor with a size-0 dim; the shards of small "
+         "tensors have them", since=(2, 10, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "

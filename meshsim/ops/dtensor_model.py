@@ -266,8 +266,55 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
                             D.UNSORTED_LOOKUP)
         run.findings.add(D.UNSORTED_LOOKUP)
         return result
+    failing = None if holds("pad-empty-dims", mesh.platform) else _pad_fails_at(dt, mine, run.model.rank)
+    if failing is not None:  # this rank raises there, after the collectives before it; its peers wait in theirs
+        _move_calls(run, mesh, [m for m in mine[:failing] if m in moves], what)
+        raise ModelRaise(Err("RuntimeError", "The input size 0, plus negative padding"))
     _move_calls(run, mesh, moves, what)
     return result
+
+
+def _pad_fails_at(dt: D.DTensorModel, moves: list[D.Move], rank: int) -> int | None:
+    """The move at which torch 2.9's F.pad refuses this rank's tensor (a size-0 dim after the one it pads), if
+    any: the rank's shard is short where a gather or an all_to_all pads it to the full chunk, or its tensor is
+    split unevenly for a reduce_scatter. The logical shapes are the source placements' (2.9 computes them once)."""
+    coordinate, mesh_shape = dt.mesh.coordinate, tuple(dt.mesh.shape)
+    if coordinate is None:
+        return None
+    shape = (dt.beliefs or {}).get(rank, dt.shape)
+    logical = D.logical_shapes(shape, dt.placements, coordinate, mesh_shape)
+    placements = list(dt.placements)
+    for index, move in enumerate(moves):
+        i = move.dims[0]
+        local = list(D.logical_shapes(shape, placements, coordinate, mesh_shape)[-1])
+        if any(_pads_before_empty(local, d, pad) for d, pad in _pads(move, local, logical[i], mesh_shape[i])):
+            return index
+        placements[i] = move.target
+    return None
+
+
+def _pads(move: D.Move, local: list[int], logical: tuple[int, ...], n: int) -> list[tuple[int, int]]:
+    """(tensor dim, pad size) of each pad torch 2.9 applies in this move (`local` is updated as it pads)."""
+    current, target = move.current, move.target
+    if current[0] == "P" and target[0] == "S":  # _split_tensor with padding: the short chunks are padded
+        d = target[1]
+        return [(d, D.full_chunk(local[d], n) - length) for _, length in D.chunk_bounds(local[d], n)] \
+            if local[d] % n else []
+    if current[0] != "S" or target[0] == "P" or current == target:
+        return []
+    out = []
+    d = current[1]
+    if logical[d] % n:
+        out.append((d, D.full_chunk(logical[d], n) - local[d]))
+        local[d] = D.full_chunk(logical[d], n)
+    if target[0] == "S" and logical[target[1]] % n:
+        d2 = target[1]
+        out.append((d2, D.full_chunk(logical[d2], n) * n - local[d2]))
+    return out
+
+
+def _pads_before_empty(local: list[int], dim: int, pad: int) -> bool:
+    return pad > 0 and 0 in local[dim + 1:]
 
 
 def plain_observation(dt: D.DTensorModel, rank: int, whole: bool, gathered: bool = False) -> Any:

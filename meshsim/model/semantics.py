@@ -37,7 +37,9 @@ class Rule:
 
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("mesh-layout", "DeviceMesh rests on _MeshLayout: _unflatten, _concatenate, _get_all_submeshes and the "
-         "layout algebra exist", since=(2, 10, 0)),
+         "layout algebra exist, and a slice's order is its layout's; before, 2.9 ordered a slice by its names' dims "
+         "(a flattened name at its last root dim), refusing dims of size 1 out of order with KeyError \"Invalid "
+         "mesh_dim_names\"", since=(2, 10, 0)),
     Rule("world-dim-default-group", "every mesh dim that spans the world uses the default group; before, only a "
          "1-D mesh's did (a world-wide dim of a mesh with more dims, [8, 1], got a group of its own)",
          since=(2, 10, 0)),

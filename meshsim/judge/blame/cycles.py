@@ -43,6 +43,9 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
     if not cycle:  # whom the held ranks wait for is not known (a group's other members): the ranks waited for
         cycle = {m for ranks in upstream.values() for m in ranks if m in held}
     members = _members(states, held)
+    crossing = crossing_channels(states, held, members, order.roles)
+    if crossing:
+        return crossing
     shapes: list[Callable[[int, str], Any]] = [lambda r, g: _shape(r, g, members, order)]
     if any(_shape(r, held[r].group, members, order)[0] == "group" for r in cycle if r in held):
         shapes.append(lambda r, g: _nth(states, r, g, order))  # (only where whom a call is with is not known)
@@ -50,8 +53,56 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
-    return silent_links(states, held, members) or \
+    return silent_links(states, held, members) or odd_roots(states, held, members) or \
         _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
+
+
+def crossing_channels(states: list[RankState], held: dict[int, CallBegun], members: dict[str, tuple[int, ...]],
+                      roles: dict[str, Any]) -> dict[int, Cause]:
+    """Ranks held on a point-to-point channel that crosses the groups of a part (a mesh dim, sibling groups) which
+    the run's other channels stay within, and on which no other rank ever called: a ring that runs on each host's
+    cp group, whose first rank receives from the world's previous rank. That rank named the wrong peer; the ring's
+    rank that sends to it, and waits, calls as the program does."""
+    called: dict[str, set[int]] = {}
+    for s in states:
+        for group, _ in s.call_log:
+            if channel_ends(group) is not None:
+                called.setdefault(group, set()).add(s.rank)
+    for call in held.values():
+        if channel_ends(call.group) is not None:
+            called.setdefault(call.group, set())
+    for where in _partitions(members, roles):
+        crossing = {c for c in called if len({where.get(end, -1 - end) for end in channel_ends(c)[:2]}) > 1}
+        if not crossing or 4 * len(crossing) > len(called):
+            continue
+        found = {r: Cause(r, KINDS["mismatched"], (
+            f"rank {r} waits in {call.kind} #{call.seq} {_between(r, call.group)}, a channel that crosses the groups "
+            f"every other channel of the run stays within ({len(called) - len(crossing)} of {len(called)}), and on "
+            f"which no other rank ever called: it named a peer outside its group"), call.group, call.seq)
+            for r, call in sorted(held.items()) if call.group in crossing and called[call.group] <= {r}}
+        if found:
+            return found
+    return {}
+
+
+def _between(r: int, channel: str) -> str:
+    src, dst, _ = channel_ends(channel) or (None, None, 0)
+    return f"to rank {dst}" if src == r else f"from rank {src}"
+
+
+def _partitions(members: dict[str, tuple[int, ...]], roles: dict[str, Any]) -> list[dict[int, int]]:
+    """Each part played by two groups or more that share no rank: rank -> the index of its group there."""
+    parts: dict[Any, list[tuple[int, ...]]] = {}
+    for group, role in roles.items():
+        if role[0] in PARTS and group in members:
+            parts.setdefault(role, []).append(members[group])
+    out = []
+    for groups in parts.values():
+        groups = sorted(set(groups))
+        where = {r: i for i, g in enumerate(groups) for r in g}
+        if len(groups) >= 2 and len(where) == sum(len(g) for g in groups):
+            out.append(where)
+    return out
 
 
 def silent_links(states: list[RankState], held: dict[int, CallBegun],
@@ -82,6 +133,76 @@ def silent_links(states: list[RankState], held: dict[int, CallBegun],
                 f"ranks {ranks_text(peers)} call on theirs at that offset, and it calls on its other links: rank {w} "
                 f"waits for it in {call.kind} #{call.seq} there"), call.group, call.seq)
     return found
+
+
+def odd_roots(states: list[RankState], held: dict[int, CallBegun],
+              members: dict[str, tuple[int, ...]]) -> dict[int, Cause]:
+    """A stage whose calls on one of its links come in another order than every other stage's on its link at
+    that offset: its first call there receives where theirs send (it sent on another link). A call is known by its
+    root, read from the rank as an offset (0: itself), else (gloo's dumps record no root) by its line, which must
+    be one the other stages reach at another place of that link (a stage's own line, as the last encoder's send,
+    is its own code, not another order). Its partner and the ranks behind wait as they should."""
+    links = _links(states, members)
+    alike: dict[frozenset[int], list[int]] = {}
+    for r in links:
+        alike.setdefault(frozenset(links[r]), []).append(r)
+    found: dict[int, Cause] = {}
+    for r, mine in sorted(links.items()):
+        peers = [p for p in alike[frozenset(mine)] if p != r and p < len(states)]
+        for offset, group in sorted(mine.items()) if r < len(states) else ():
+            odd = _odd_place(_link_calls(states[r], group), [_link_calls(states[p], links[p][offset]) for p in peers])
+            if odd is not None:
+                found[r] = _odd_call(r, group, members.get(group, ()), odd, held)
+                break
+    return found if found and 2 * len(found) < len(links) and set(found) & _waited_for(held) else {}
+
+
+def _link_calls(state: RankState, group: str) -> list[tuple[Any, int | None]]:
+    """The rank's calls on a group, in order: (line, root as an offset from the rank, None where unknown)."""
+    out = []
+    for q in range(state.calls_on.get(group, 0)):
+        root = state.roots.get((group, q))
+        out.append((state.call_log.get((group, q), (None, None))[0], None if root is None else root - state.rank))
+    return out
+
+
+def _odd_place(ours: list[tuple[Any, int | None]], theirs: list[list[tuple[Any, int | None]]]) -> Any:
+    """(place, our call, theirs) where ours departs from what at least two other stages agree on there."""
+    for i, (site, root) in enumerate(ours):
+        there = {t[i] for t in theirs if len(t) > i}
+        if sum(len(t) > i for t in theirs) < 2 or len(there) != 1:
+            continue
+        usual = next(iter(there))
+        if root is not None and usual[1] is not None:
+            if root != usual[1]:
+                return i, (site, root), usual
+        elif site != usual[0] and any(site == c[0] for t in theirs for k, c in enumerate(t) if k != i):
+            return i, (site, root), usual
+    return None
+
+
+def _waited_for(held: dict[int, CallBegun]) -> set[int]:
+    return {m for r, call in held.items() for m in call.ranks if m != r}
+
+
+def _odd_call(r: int, group: str, ranks: tuple[int, ...], odd: Any, held: dict[int, CallBegun]) -> Cause:
+    i, (site, root), (usual_site, usual_root) = odd
+    link = group_text(ranks)
+    waiting = sorted(w for w, call in held.items() if w != r and tuple(call.ranks) == tuple(ranks))
+    if root is not None and usual_root is not None:
+        how = (f"takes its root from {_whom(root, 'it')} where the other stages' call there on their link at that "
+               f"offset takes it from {_whom(usual_root, 'them')}")
+    else:
+        how = (f"is made at {site_text(site)}, a line the other stages reach later on their link at that offset, "
+               f"where they make theirs at {site_text(usual_site)}")
+    return Cause(r, KINDS["mismatched"], (
+        f"rank {r}'s call #{i} on its link {link} {how}: it made that link's calls in another order (or one on "
+        f"another link)" + (f"; rank {ranks_text(waiting)} waits for it there" if waiting else "")), group, i)
+
+
+def _whom(offset: int, pronoun: str) -> str:
+    return "itself" if offset == 0 and pronoun == "it" else "themselves" if offset == 0 else \
+        f"the rank {offset:+d} from {pronoun}"
 
 
 def _links(states: list[RankState], members: dict[str, tuple[int, ...]]) -> dict[int, dict[int, str]]:

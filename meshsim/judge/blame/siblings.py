@@ -134,16 +134,17 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
 
 
 def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
-    """Where waits form a cycle that names more ranks than this: a minority of the world held at a line no other
-    rank reached, each waiting for members held on the program's common path (a line most of the world is held
-    at, or one these ranks passed before), made a call the others do not make (an extra all_reduce on the world
-    under `if leader`, one isend more than its peer receives); the rest of the cycle waits behind them."""
+    """Where waits form a cycle that names more ranks than this: at most half the world held at a line no other
+    rank reached (a whole replica that took a branch of its own), each waiting for members held on the program's
+    common path (a line most of the world is held at, or one these ranks passed before), made a call the others
+    do not make (an extra all_reduce on the world under `if leader`, one isend more than its peer receives); the
+    rest of the cycle waits behind them."""
     world = len(states)
     found: dict[int, Cause] = {}
     held_at = Counter(c.site for c in held.values())
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        if 2 * len(inside) >= world or not _reached_only_by(states, site, inside):
+        if 2 * len(inside) > world or not _reached_only_by(states, site, inside):
             continue
         passed = {entry[0] for r in inside for entry in states[r].call_log.values()}
         for r in sorted(inside):

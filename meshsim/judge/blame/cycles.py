@@ -64,15 +64,14 @@ def crossing_channels(states: list[RankState], held: dict[int, CallBegun], membe
     cp group, whose first rank receives from the world's previous rank. That rank named the wrong peer; the ring's
     rank that sends to it, and waits, calls as the program does."""
     called: dict[str, set[int]] = {}
-    for s in states:
-        for group, _ in s.call_log:
-            if channel_ends(group) is not None:
-                called.setdefault(group, set()).add(s.rank)
-    for call in held.values():
-        if channel_ends(call.group) is not None:
-            called.setdefault(call.group, set())
+    ends: dict[str, tuple[int, int]] = {}
+    for rank, group in [(s.rank, g) for s in states for g, _ in s.call_log] + [(-1, c.group) for c in held.values()]:
+        channel = channel_ends(group)
+        if channel is not None:
+            ends[group] = channel[:2]
+            called.setdefault(group, set()).update({rank} if rank >= 0 else set())
     for where in _partitions(members, roles):
-        crossing = {c for c in called if len({where.get(end, -1 - end) for end in channel_ends(c)[:2]}) > 1}
+        crossing = {c for c in called if len({where.get(end, -1 - end) for end in ends[c]}) > 1}
         if not crossing or 4 * len(crossing) > len(called):
             continue
         found = {r: Cause(r, KINDS["mismatched"], (

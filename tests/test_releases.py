@@ -104,6 +104,24 @@ def test_torch_2_9_orders_a_slice_by_its_names_where_later_releases_order_it_by_
         assert observed(plan, Platform(release=(2, 10, 0)), 3) != refused
 
 
+@pytest.mark.parametrize(("claimed", "on_2_11", "from_2_12"), [
+    ([8], [4096, 4097, 65536, 65537], Err("RuntimeError", "Expected cond to be True")),
+    ([2], [4096, 4097, 65536, 65537], Err("RuntimeError", "narrow unexpectedly changed")),
+    ([1], [4096], [4096])])  # (a pad of -1 a rank: the two rows the gather brings are the one claimed)
+def test_gathering_shards_that_do_not_add_up_to_their_claimed_shape_keeps_the_gather_before_2_12_and_fails_after(
+        claimed, on_2_11, from_2_12):
+    """Two rows a rank on dim 'a' of 2 x 4, claimed to make `claimed`: torch pads each to the claimed full chunk
+    (a negative pad cuts a row off, as F.pad does), gathers and unpads; from 2.12 a result of another size than
+    the claimed one fails (measured on 2.9.1, 2.11.0, 2.12.1, 2.13.0, 2.15.0)."""
+    plan = Plan((step("init_device_mesh", shape=[2, 4], names=["a", "b"], out="m"),
+                 step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], shape=claimed, out="t"),
+                 step("full_tensor", tensor="t")))
+    assert observed(plan, Platform(release=(2, 11, 0)), 2)["values"] == on_2_11
+    later = observed(plan, Platform(release=(2, 12, 1)), 2)
+    assert (later["values"] if isinstance(from_2_12, list) else later) == from_2_12
+    assert predict(plan, 8, platform=Platform(release=(2, 12, 1))).outcome == "pass"  # every member fails alike
+
+
 def test_the_matrix_plans_leave_out_what_the_installed_release_lacks_and_stay_valid():
     for plan in matrix_plans(8):
         validate(plan, 8)

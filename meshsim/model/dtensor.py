@@ -46,6 +46,7 @@ from . import layout as L
 from .dtensor_blocks import (
     Block,
     Blocks,
+    GatherShort,
     SizeMismatch,
     arange_block,
     cat,
@@ -79,8 +80,8 @@ from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 # redistribution's plan (meshsim.model.dtensor_plan), so that callers import every part of the DTensor model from here.
 __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
            "placement_text",
-           "Block", "Blocks", "SizeMismatch", "arange_block", "cat", "chunk_bounds", "empty_block", "full_chunk",
-           "is_contiguous", "made_contiguous", "narrow", "pad", "reduce_blocks", "scale", "select_chunk",
+           "Block", "Blocks", "GatherShort", "SizeMismatch", "arange_block", "cat", "chunk_bounds", "empty_block",
+           "full_chunk", "is_contiguous", "made_contiguous", "narrow", "pad", "reduce_blocks", "scale", "select_chunk",
            "split_padded", "sum_dim",
            "COMM_KINDS", "MERGEABLE", "Move", "comm_kind", "greedy_transforms", "is_shard", "merged_moves",
            "plain_moves", "unsorted_lookup"]
@@ -202,10 +203,12 @@ def group_rank_order(geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> l
 @dataclass(frozen=True)
 class TorchOrder:
     """The order torch's collectives follow (`order`), and what its release does besides: whether it copies an
-    unpadded gather (2.10 on; before, Shard -> Replicate left a non-contiguous view)."""
+    unpadded gather (2.10 on; before, Shard -> Replicate left a non-contiguous view), and whether it narrows a
+    gather to the logical size, refusing a shorter one (2.12 on; before, it kept what the gather brought)."""
 
     order: Callable[[Geometry, int, Any], list[int]]
     copies_unpadded: bool = True
+    narrows_to_logical: bool = True
 
     def __call__(self, geo: Geometry, rank: int, dims: int | tuple[int, ...]) -> list[int]:
         return self.order(geo, rank, dims)
@@ -304,6 +307,7 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
     """DTensor.redistribute's communication, every member at once: `moves` (default: dim by dim, torch's greedy
     plan). `beliefs`: each member's own global shape where members disagree on it (from_local inferred it)."""
     copies = getattr(order, "copies_unpadded", True)  # torch < 2.10 leaves an unpadded gather a view
+    narrows = getattr(order, "narrows_to_logical", True)
     for move in moves if moves is not None else plain_moves(src, dst, geo.shape):
         if math.prod(geo.shape[d] for d in move.dims) == 1 or move.current == move.target:
             continue
@@ -312,7 +316,7 @@ def redistribute(geo: Geometry, shape: tuple[int, ...], locals_: dict[int, Block
                    for r in geo.flat}
         memo: dict[Any, Any] = {}  # what members of one group share (their padded blocks), computed once
         locals_ = {r: _transform(locals_, order(geo, r, move.dims), r, geo.line(r, move.dims).index(r), move,
-                                 logical, memo, copies) for r in geo.flat}
+                                 logical, memo, (copies, narrows)) for r in geo.flat}
     return locals_
 
 
@@ -333,10 +337,12 @@ def sent_shape(block: tuple[int, ...], move: Move, logical: tuple[int, ...], k: 
 
 
 def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int, move: Move,
-               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None, copies: bool = True) -> Block:
+               logical: dict[int, tuple[int, ...]], memo: dict[Any, Any] | None = None,
+               release: tuple[bool, bool] = (True, True)) -> Block:
     """Rank r's block after one move: `members` in the order the collective follows, `coord` r's index along the
     move's dims in coordinate order, `logical` every member's logical shape; `memo` keeps what the members of
-    one group compute alike (one dict per move); `copies`: an unpadded gather is copied (contiguous)."""
+    one group compute alike (one dict per move); `release`: whether an unpadded gather is copied (contiguous),
+    and whether a gather is narrowed to the logical size (TorchOrder)."""
     current, target = move.current, move.target
     k, mine, kind = len(members), locals_[r], comm_kind(move)
     memo = {} if memo is None else memo
@@ -354,9 +360,7 @@ def _transform(locals_: dict[int, Block], members: list[int], r: int, coord: int
     if target[0] == "R" and current[0] == "S":
         a, size = current[1], logical[r][current[1]]
         if ("gathered", group, size) not in memo:
-            padded = [_pad_to(locals_[m], a, size, k) for m in members]
-            gathered = narrow(cat(padded, a), a, 0, size)
-            memo[("gathered", group, size)] = made_contiguous(gathered) if copies else gathered
+            memo[("gathered", group, size)] = _gathered([locals_[m] for m in members], move, size, k, release)
         return cast(Block, memo[("gathered", group, size)])
     if target[0] == "S" and current[0] == "R":
         return select_chunk(mine, target[1], k, coord)
@@ -391,6 +395,20 @@ def _zero_filled(b: Block, dim: int, logical_size: int, k: int, coord: int) -> B
         return Block(b.shape[:dim] + (n,) + b.shape[dim + 1:], (0.0,) * (outer * n * inner))
 
     return cat([zeros(start), b, zeros(logical_size - start - length)], dim)
+
+
+def _gathered(blocks: list[Block], move: Move, size: int, k: int, release: tuple[bool, bool]) -> Block:
+    """Shard -> Replicate: the members' blocks padded to the full chunk, gathered, and unpadded. Where that leaves
+    another size than the logical one (blocks that disagree with the global shape from_local was given), torch
+    from 2.12 refuses it; before, it kept what the gather brought."""
+    copies, narrows = release
+    a = move.current[1]
+    gathered = cat([_pad_to(b, a, size, k) for b in blocks], a)
+    kept = gathered.shape[a] - (full_chunk(size, k) * k - size if size % k else 0)
+    if narrows and kept != size:  # (a longer one: torch's narrow "unexpectedly changed" its size)
+        raise GatherShort(move.dims, kept > size)
+    out = narrow(gathered, a, 0, size if narrows else max(0, kept))
+    return made_contiguous(out) if copies else out
 
 
 def _pad_to(b: Block, dim: int, logical_size: int, k: int) -> Block:

@@ -21,6 +21,16 @@ class SizeMismatch(Exception):
         self.dims, self.sent = dims, sent
 
 
+class GatherShort(Exception):
+    """A gather whose unpadded result is not the logical size (members' blocks add up to another size than the
+    global shape they were given): torch from 2.12 refuses it after the collective, on every member."""
+
+    def __init__(self, dims: tuple[int, ...], longer: bool):
+        super().__init__(f"the gather on mesh dims {list(dims)} is {'longer' if longer else 'shorter'} than its "
+                         "logical size")
+        self.dims, self.longer = dims, longer
+
+
 @dataclass(frozen=True)
 class Block:
     """A tensor: its shape, its values in row-major order, and its strides where it is a non-contiguous view
@@ -96,8 +106,11 @@ def cat(blocks: list[Block], dim: int) -> Block:
 
 
 def pad(b: Block, dim: int, n: int) -> Block:
-    """Zeros appended along dim (torch's pad_tensor)."""
-    if n <= 0:
+    """Zeros appended along dim (torch's pad_tensor); a negative pad cuts the end off, as F.pad does (a block
+    longer than the full chunk of the global shape from_local was given)."""
+    if n < 0:
+        return made_contiguous(narrow(b, dim, 0, max(0, b.shape[dim] + n)))
+    if n == 0:
         return b
     outer, _, inner = b.split3(dim)
     return cat([b, Block(b.shape[:dim] + (n,) + b.shape[dim + 1:], (0.0,) * (outer * n * inner))], dim)

@@ -77,6 +77,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "tensors have them", since=(2, 10, 0)),
     Rule("mixed-partials-refused", "placements that mix Partial reduce ops (other than sum with avg) raise "
          "\"Mixed Partial reduce types are not supported\"; before, they were taken", since=(2, 11, 0)),
+    Rule("gather-narrows", "Shard -> Replicate refuses a gather of another size than the logical one (from_local "
+         "given a global shape its shards do not add up to), after the collective, on every member: RuntimeError "
+         "\"Expected cond to be True\" where it is shorter, \"narrow unexpectedly changed concrete size\" where "
+         "longer; before, it kept what the gather brought", since=(2, 12, 0)),
     Rule("gather-unpad-copies", "Shard -> Replicate copies the unpadded gather (contiguous); before, a view "
          "(finding dtensor-local-not-contiguous)", since=(2, 13, 0)),
     Rule("sum-reduces-other-partials", "torch.sum reduces a Partial of another op before it sums; before, it "

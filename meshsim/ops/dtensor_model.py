@@ -113,14 +113,15 @@ def _simulated(prev: D.DTensorModel | None, mesh: Any, geo: D.Geometry, shape: t
     right_before = prev.right if prev is not None else None
     torch_before = prev.torch if prev is not None else None
     beliefs = prev.beliefs if prev is not None else None
-    right = sim(geo, right_before, D.coordinate_order, None)
+    narrows = holds("gather-narrows", mesh.platform)
+    right = sim(geo, right_before, D.TorchOrder(D.coordinate_order, True, narrows), None)
     test = D.flattened_dims(mesh)
     flat = _Flattened(test) if test is not None else None
     # torch moves data in its groups' rank order: sorted, unless the mesh preserves its own (2.15)
     preserved = mesh.root_mesh.preserve
     scrambled = not preserved and any(geo.scrambled(d) for d in range(len(geo.shape)))
     copies = holds("gather-unpad-copies", mesh.platform)
-    order = D.TorchOrder(D.coordinate_order if preserved else D.group_rank_order, copies)
+    order = D.TorchOrder(D.coordinate_order if preserved else D.group_rank_order, copies, narrows)
     finding = prev.finding if prev is not None else D.FINDING
     torch: D.Blocks | None
     if D.contradicted(mesh, geo, mesh.rank):
@@ -261,6 +262,11 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
         if refused is None:
             _move_calls(run, mesh, moves, what, exc)
         raise ModelRaise(Err(None, "")) from None  # right: an error; gloo: undefined (the prediction says so)
+    except D.GatherShort as short:  # after the gather, on every member
+        if refused is None:
+            _move_calls(run, mesh, moves[:next(i for i, m in enumerate(moves) if m.dims == short.dims) + 1], what)
+        raise ModelRaise(Err("RuntimeError", "narrow unexpectedly changed" if short.longer else
+                             "Expected cond to be True")) from None
     if refused is not None:  # torch raises while it plans, before any collective: the step's right value stands
         run.refusal = Quirk(None, Err("KeyError", "Mesh dim indices should be in ascending order"),
                             D.UNSORTED_LOOKUP)

@@ -122,7 +122,7 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
     a negative Shard dim), from_local
     with a given shape and run_check, a negative Shard dim, torch.sum of Partials it must reduce first, and the
     requests torch refuses (mixed reduce ops, a new Partial, too many placements, a dim the tensor lacks, a
-    stride without its shape)."""
+    stride without its shape, a global shape the shards do not add up to)."""
     a, b = shape
     world = a * b
     return [step("init_device_mesh", shape=[world], names=["w"], out="w"),
@@ -154,6 +154,11 @@ def _dtensor_edges(shape: list[int]) -> list[Step]:
             step("distribute", mesh="m", shape=[3], placements=["R", "S(1)"], out="nodim"),
             step("distribute", mesh="w", shape=[4, 2], placements=["S(-3)"], out="negdim"),
             step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], stride=[1], out="nostride"),
+            # global shapes the shards do not add up to: more and fewer rows than the gather brings
+            step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], shape=[4 * a], out="claimed"),
+            step("full_tensor", tensor="claimed"),
+            step("from_local", mesh="m", local_shape=[2], placements=["S(0)", "R"], shape=[a], out="fewer"),
+            step("full_tensor", tensor="fewer"),
             *_meshes_from_context()]
 
 

@@ -206,7 +206,8 @@ def _device_mesh_edges(shape: list[int]) -> list[Step]:
             step("init_device_mesh", shape=shape, names=["c", "d"], out="n"),
             step("slice", src="n", names="d", out="nd"),
             step("concatenate", srcs=["sa", "nd"], out="x16"),
-            step("flatten", src="m", name="ab", out="f"), step("slice", src="sb", names="ab", out="x17"),
+            step("flatten", src="m", name="ab", backend="gloo", out="f"),  # (its override given as one backend)
+            step("slice", src="sb", names="ab", out="x17"),
             step("query", mesh="sa", what="get_group", dim="ab"), step("query", mesh="f", what="group_desc", dim=0),
             step("query", mesh="m", what="get_group", dim="ab"),
             step("query", mesh="m", what="get_local_rank", dim="ab"),

@@ -149,7 +149,8 @@ def odd_roots(states: list[RankState], held: dict[int, CallBegun],
     for r, mine in sorted(links.items()):
         peers = [p for p in alike[frozenset(mine)] if p != r and p < len(states)]
         for offset, group in sorted(mine.items()) if r < len(states) else ():
-            odd = _odd_place(_link_calls(states[r], group), [_link_calls(states[p], links[p][offset]) for p in peers])
+            theirs = [(_link_calls(states[p], links[p][offset]), _held_at(held, p, links[p][offset])) for p in peers]
+            odd = _odd_place(_link_calls(states[r], group), _held_at(held, r, group), theirs)
             if odd is not None:
                 found[r] = _odd_call(r, group, members.get(group, ()), odd, held)
                 break
@@ -165,17 +166,26 @@ def _link_calls(state: RankState, group: str) -> list[tuple[Any, int | None]]:
     return out
 
 
-def _odd_place(ours: list[tuple[Any, int | None]], theirs: list[list[tuple[Any, int | None]]]) -> Any:
-    """(place, our call, theirs) where ours departs from what at least two other stages agree on there."""
+def _held_at(held: dict[int, CallBegun], rank: int, group: str) -> int | None:
+    call = held.get(rank)
+    return call.seq if call is not None and call.group == group else None
+
+
+def _odd_place(ours: list[tuple[Any, int | None]], held_at: int | None,
+               theirs: list[tuple[list[tuple[Any, int | None]], int | None]]) -> Any:
+    """(place, our call, theirs) where ours departs from what at least two other stages agree on there, or from
+    the one other stage's (two pipelines: the same stage of the other) where ours is held and theirs went through."""
     for i, (site, root) in enumerate(ours):
-        there = {t[i] for t in theirs if len(t) > i}
-        if sum(len(t) > i for t in theirs) < 2 or len(there) != 1:
+        voters = [(t[i], their_held) for t, their_held in theirs if len(t) > i and t[i][0] is not None]
+        there = {call for call, _ in voters}
+        alone = len(voters) == 1 and i == held_at and voters[0][1] != i
+        if (len(voters) < 2 and not alone) or len(there) != 1 or site is None:
             continue
         usual = next(iter(there))
         if root is not None and usual[1] is not None:
             if root != usual[1]:
                 return i, (site, root), usual
-        elif site != usual[0] and any(site == c[0] for t in theirs for k, c in enumerate(t) if k != i):
+        elif site != usual[0] and any(site == c[0] for t, _ in theirs for k, c in enumerate(t) if k != i):
             return i, (site, root), usual
     return None
 

@@ -89,7 +89,9 @@ class StateOrder(ProgramOrder):
         return sites
 
     def _same_line(self, key: tuple[Any, int], earlier: tuple[Any, int]) -> bool:
-        return bool(self.sites.get(key, set()) & self.sites.get(earlier, set()) - {None})
+        """Both made at one line, the same (a call its members made at different lines is in dispute, no loop's)."""
+        lines = self.sites.get(key, set()) - {None}
+        return len(lines) == 1 and lines == self.sites.get(earlier, set()) - {None}
 
 
 def roles_of(states: list[RankState]) -> dict[str, Any]:

@@ -76,6 +76,10 @@ CASES = {
     # sends on its upstream link); a whole replica held at a line no other rank reached, for partners on the path
     "encdec_bcast_link_copy_paste": ([5], MISMATCH),
     "dtensor_3d_doc_count_dp_dim": ([0, 1, 2, 3], MISMATCH),
+    # held back, missed: a first stage one micro-batch short, its link's call compared with the other pipeline's
+    # first stage; the tp partner of a writer that took its host barrier first is behind it, not out of order
+    "pp_short_batch_bcast": ([4], REORDERED),
+    "writer_barrier_pair_order": ([2], REORDERED),
     # gloo records no send/recv: the ranks held in one are candidates, not culprits, and the report says so
     "p2p_pipeline_skipped_send": ([], UNKNOWN),
 }

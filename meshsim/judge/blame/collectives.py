@@ -46,8 +46,10 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes.update(tag_causes(states, held))
     if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
         causes.update(added_alone(states, ref, held))
+    in_cycle: dict[int, Cause] = {}
     if not causes and upstream:  # (candidates explain waits too: no cycle where a rank may be elsewhere)
-        causes.update(cycle_causes(states, order, held, upstream, divergent))
+        in_cycle = cycle_causes(states, order, held, upstream, divergent)
+        causes.update(in_cycle)
         added = added_off_the_path(states, held)  # a cycle behind a call no other rank makes: that call
     else:
         added = {}
@@ -64,7 +66,25 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes = departing
     elif not departing and added and (set(added) < decided or not decided):
         causes = added  # (where only candidates were left, the call off the path decides)
+    else:
+        causes = _behind_a_culprit(causes, in_cycle, held)
     return _blamed(states, held, causes, unseen)
+
+
+def _behind_a_culprit(causes: dict[int, Cause], in_cycle: dict[int, Cause],
+                      held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Of the ranks a cycle named for calls taken in opposite orders, those held in a call that waits for another
+    rank it named decidedly are behind that one, not out of order (a tp partner held in the pair call its writer
+    skipped for a barrier)."""
+    decided = {r for r, c in causes.items() if not c.candidate}
+    behind = {r for r, c in causes.items() if c is in_cycle.get(r) and c.kind == KINDS["reordered"] and r in held
+              and (decided - {r}) & set(held[r].ranks) and not (decided - {r}) & _waiting_for(held, r)}
+    return {r: c for r, c in causes.items() if r not in behind} if behind and decided - behind else causes
+
+
+def _waiting_for(held: dict[int, CallBegun], r: int) -> set[int]:
+    """The ranks held in a call that rank r is a member of (they wait for it, or with it)."""
+    return {w for w, call in held.items() if w != r and r in call.ranks}
 
 
 def _beside(found: dict[int, Cause], causes: dict[int, Cause], held: dict[int, CallBegun]) -> dict[int, Cause]:

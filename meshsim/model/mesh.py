@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..spec.platform import CPU, Platform
 from . import layout as L
 from .expect import Err, ModelRaise, Quirk, quirk
-from .mesh_state import WORLD_KEY, Call, Group, MeshModel, names_ascend, summary
+from .mesh_state import WORLD_KEY, Call, Group, MeshModel, names_out_of_order, summary
 from .semantics import holds
 
 # What this module re-exports (meshsim.model.mesh_state's, and the platform a RankModel runs on)
@@ -246,8 +246,10 @@ class RankModel:
         dims = [_index(mesh.layout, mesh.names.index(n), "tuple index out of range") if n in mesh.names else flat[n]
                 for n in req]
         merged = L.collapse(tuple(dims))
-        if not holds("mesh-layout", self.platform) and not names_ascend(mesh, req, root.flatten_mapping):
-            raise ModelRaise(Err("KeyError", "Invalid mesh_dim_names"))  # 2.9 orders the names, not the layout
+        refusal = None if holds("mesh-layout", self.platform) else names_out_of_order(mesh, req, root.flatten_mapping)
+        if refusal is not None:  # 2.9 orders a slice by its names, not by its layout
+            self.findings.update({refusal.finding} if isinstance(refusal, Quirk) else set())
+            raise ModelRaise(refusal)
         if not L.is_descending(merged):
             self.findings.add("slice-order-docstring")
             raise ModelRaise(Quirk(Err("KeyError", "Mesh dim indices should be in ascending order"),

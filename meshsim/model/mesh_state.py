@@ -10,7 +10,7 @@ from typing import Any
 
 from ..spec.platform import CPU, Platform
 from . import layout as L
-from .expect import Quirk
+from .expect import Err, Quirk
 
 WORLD_KEY = ("world",)
 
@@ -104,13 +104,13 @@ def summary(mesh: MeshModel) -> Any:
     return obs
 
 
-def names_ascend(mesh: MeshModel, names: tuple[str, ...], flattened: dict[str, MeshModel]) -> bool:
+def names_out_of_order(mesh: MeshModel, names: tuple[str, ...], flattened: dict[str, MeshModel]) -> Any:
     """torch 2.9's order check of a slice: each name's dim in the mesh (a flattened name's last dim in the root)
-    after the one before it."""
-    last = -1
-    for name in names:
-        at = mesh.names.index(name) if mesh.names and name in mesh.names else flattened[name].root_dims[-1]
-        if at <= last:
-            return False
-        last = at
-    return True
+    after the one before it, else KeyError; where the names' dims are distinct (a permutation, as the docstring's
+    mesh_3d["cp", "dp"]), that is finding slice-order-docstring. None: in order."""
+    dims = [(mesh.names.index(n),) if mesh.names and n in mesh.names else flattened[n].root_dims for n in names]
+    if all(a[-1] < b[-1] for a, b in zip(dims, dims[1:])):
+        return None
+    refused = Err("KeyError", "Invalid mesh_dim_names")
+    flat = [d for ds in dims for d in ds]
+    return Quirk(refused, refused, "slice-order-docstring") if len(set(flat)) == len(flat) else refused

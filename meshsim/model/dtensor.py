@@ -46,7 +46,7 @@ from . import layout as L
 from .dtensor_blocks import (
     Block,
     Blocks,
-    GatherShort,
+    GatherWrongSize,
     SizeMismatch,
     arange_block,
     cat,
@@ -80,7 +80,7 @@ from .expect import UNPREDICTED, Err, ModelRaise, Quirk
 # redistribution's plan (meshsim.model.dtensor_plan), so that callers import every part of the DTensor model from here.
 __all__ = ["MAX_DTENSOR_DIMS", "MAX_DTENSOR_NUMEL", "REDUCE_OPS", "contiguous_strides", "parse_placement",
            "placement_text",
-           "Block", "Blocks", "GatherShort", "SizeMismatch", "arange_block", "cat", "chunk_bounds", "empty_block",
+           "Block", "Blocks", "GatherWrongSize", "SizeMismatch", "arange_block", "cat", "chunk_bounds", "empty_block",
            "full_chunk", "is_contiguous", "made_contiguous", "narrow", "pad", "reduce_blocks", "scale", "select_chunk",
            "split_padded", "sum_dim",
            "COMM_KINDS", "MERGEABLE", "Move", "comm_kind", "greedy_transforms", "is_shard", "merged_moves",
@@ -406,7 +406,7 @@ def _gathered(blocks: list[Block], move: Move, size: int, k: int, release: tuple
     gathered = cat([_pad_to(b, a, size, k) for b in blocks], a)
     kept = gathered.shape[a] - (full_chunk(size, k) * k - size if size % k else 0)
     if narrows and kept != size:  # (a longer one: torch's narrow "unexpectedly changed" its size)
-        raise GatherShort(move.dims, kept > size)
+        raise GatherWrongSize(move.dims, kept > size)
     out = narrow(gathered, a, 0, size if narrows else max(0, kept))
     return made_contiguous(out) if copies else out
 

@@ -21,7 +21,7 @@ class SizeMismatch(Exception):
         self.dims, self.sent = dims, sent
 
 
-class GatherShort(Exception):
+class GatherWrongSize(Exception):
     """A gather whose unpadded result is not the logical size (members' blocks add up to another size than the
     global shape they were given): torch from 2.12 refuses it after the collective, on every member."""
 

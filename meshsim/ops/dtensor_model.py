@@ -262,10 +262,10 @@ def model_redistribute(run: Any, dt: D.DTensorModel, target: list[tuple], what: 
         if refused is None:
             _move_calls(run, mesh, moves, what, exc)
         raise ModelRaise(Err(None, "")) from None  # right: an error; gloo: undefined (the prediction says so)
-    except D.GatherShort as short:  # after the gather, on every member
+    except D.GatherWrongSize as misfit:  # after the gather, on every member
         if refused is None:
-            _move_calls(run, mesh, moves[:next(i for i, m in enumerate(moves) if m.dims == short.dims) + 1], what)
-        raise ModelRaise(Err("RuntimeError", "narrow unexpectedly changed" if short.longer else
+            _move_calls(run, mesh, moves[:next(i for i, m in enumerate(moves) if m.dims == misfit.dims) + 1], what)
+        raise ModelRaise(Err("RuntimeError", "narrow unexpectedly changed" if misfit.longer else
                              "Expected cond to be True")) from None
     if refused is not None:  # torch raises while it plans, before any collective: the step's right value stands
         run.refusal = Quirk(None, Err("KeyError", "Mesh dim indices should be in ascending order"),

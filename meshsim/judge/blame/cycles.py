@@ -53,7 +53,7 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
-    return silent_links(states, held, members) or odd_roots(states, held, members) or \
+    return silent_links(states, held, members) or odd_link_order(states, held, members) or \
         _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
 
 
@@ -134,7 +134,7 @@ def silent_links(states: list[RankState], held: dict[int, CallBegun],
     return found
 
 
-def odd_roots(states: list[RankState], held: dict[int, CallBegun],
+def odd_link_order(states: list[RankState], held: dict[int, CallBegun],
               members: dict[str, tuple[int, ...]]) -> dict[int, Cause]:
     """A stage whose calls on one of its links come in another order than every other stage's on its link at
     that offset: its first call there receives where theirs send (it sent on another link). A call is known by its

@@ -351,6 +351,27 @@ def test_a_plans_progress_is_held_and_sent_with_its_result_or_as_soon_as_a_rank_
     progress.send_result("done")  # what is still held goes first, in one message with the result
     assert len(sent) == 2 and sent[1].events[-1] == "done" and isinstance(sent[1].events[0], Batch)
 
+def test_a_launched_scripts_call_is_said_at_once_and_its_return_rides_with_the_next_call_or_is_heard_soon():
+    # a DDP step's begun / returned / done were three pipe messages a rank; a call must still go out before it
+    # runs (gloo aborts the process on tensors of another size, and the judge needs that call's sizes)
+    from meshsim.compat.progress import Progress
+    from meshsim.core.wire import Batch, CallBegun, CallReturned
+
+    sent = []
+    progress = Progress(sent.append, hold_s=0.05, hold_scripts=True)
+    key = progress.call("all_reduce", (0, 1), "1")
+    assert len(sent) == 1 and isinstance(sent[0], CallBegun)
+    progress.returned()
+    progress.call("all_reduce", (0, 1), "1")
+    assert len(sent) == 2 and [type(e) for e in sent[1].events] == [CallReturned, CallBegun]
+    progress.returned_handle(key, object())
+    progress.completed(key)
+    deadline = time.monotonic() + 5
+    while len(sent) == 2 and time.monotonic() < deadline:  # the script now computes, or waits: it must be heard
+        time.sleep(0.01)
+    assert len(sent) == 3 and isinstance(sent[2], Batch) and len(sent[2].events) == 2
+
+
 
 def test_a_group_creation_is_sent_at_once_unless_the_transports_send_before_connecting():
     # gloo's connect holds the GIL: a rank stuck in it could not send what it held

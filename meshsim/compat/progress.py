@@ -8,7 +8,10 @@ Inside a plan a worker process may hold its events (`hold_s`): a plan's 30-odd e
 its rank and the controller more than the plan's collectives. Held events go with the plan's result, or, once the
 oldest has waited `hold_s`, a thread of the rank sends them: a rank that waits in a collective (the GIL released)
 is heard within `hold_s`, before the controller can call the run still (meshsim.run.still). What may block holding
-the GIL (gloo's connect in a group's creation) and a fault that ends the process send at once.
+the GIL (gloo's connect in a group's creation) and a fault that ends the process send at once. A launched script's
+rank holds what follows a call (its return, its completion) until its next call, which is said at once: a DDP
+step's three pipe messages a rank (and as many for the controller to read) are one; the script's end (its result,
+os._exit) sends what is held first.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ COLLECTIVES = (
 class Progress:
     """Where this rank is; forwards every event to `send` (a pipe to the controller, or the store)."""
 
-    def __init__(self, send: Callable[[Any], None], hold_s: float | None = None):
+    def __init__(self, send: Callable[[Any], None], hold_s: float | None = None, hold_scripts: bool = False):
         self._send = send
+        self._hold_scripts = hold_scripts  # hold outside plans too (a launched script's rank)
         self._lock = threading.Lock()
         self._hold_s = hold_s  # None: every event is sent at once
         self._held: list[Any] = []
@@ -69,20 +73,26 @@ class Progress:
             if self._returned:
                 self._returned = False
                 event = Batch((CallReturned(time=self._returned_at), event))
-            if self._hold_s is None or not (self.in_plan or self._held):
+            holding = self.in_plan or self._hold_scripts
+            if self._hold_s is None or not (holding or self._held):
                 self._send(event)
                 return
             self._held.append(event)  # after what is held, even past the plan's end: the controller reads in order
-            if at_once or not self.in_plan:
+            if at_once or not holding:
                 self._send_held()
             elif len(self._held) == 1:
                 self._held_since = time.monotonic()
                 self._start_flusher()
 
-    def flush(self) -> None:
-        """Send what is held now (before the process ends by design)."""
-        with self._lock:
+    def flush(self, timeout: float = -1) -> None:
+        """Send what is held now (before the process ends by design). `timeout`: how long to wait for a thread
+        that is sending (on the way out, a pipe the controller no longer reads must not keep the rank alive)."""
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
             self._send_held()
+        finally:
+            self._lock.release()
 
     def send_result(self, result: Any) -> None:
         """A plan's result, after what is still held of its progress: one message."""
@@ -123,7 +133,9 @@ class Progress:
         # the members' call sequences of a group by it, to tell a skipped call from a late one).
         site = None if self.in_plan else user_site()
         context = context or self.context or self.mesh_dims.get(group)
-        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes, root))
+        # a launched script's call is said at once, with what is held: the call may end the process (gloo aborts
+        # on tensors of another size), and the judge needs to know it was made, and with what sizes
+        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes, root), at_once=not self.in_plan)
         return group, n
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:

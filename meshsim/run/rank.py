@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from ..compat.patching import CompatError
 from ..core.deadlines import torch_wait
@@ -244,7 +244,8 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// connects to the controller's store as torchrun's
     fresh_random_state()
     fresh_start_method()
-    progress = Progress(conn.send)
+    progress = Progress(sender(conn), hold_s=HOLD_S, hold_scripts=True)
+    _flush_before_exit(progress)
     try:
         if spec.simulated_gpus:
             from ..compat import simgpu
@@ -263,7 +264,7 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
 
             become(message.hosts[spec.rank])
         progress.emit(FunctionBegun("script"))
-        conn.send(run_script(message))
+        progress.send_result(run_script(message))
         dispatch(conn.recv(), {Stop: lambda m: os._exit(0)})
 
     try:
@@ -271,6 +272,21 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
     except (EOFError, OSError):
         os._exit(3)
     os._exit(0)
+
+
+def _flush_before_exit(progress: Any) -> None:
+    """A script that ends its process with os._exit (as launchers' children do on a fatal error) is heard to its
+    last call first: its rank holds its progress for a moment (meshsim.compat.progress)."""
+    exit_now = os._exit
+
+    def flushed_exit(code: int) -> NoReturn:
+        try:
+            progress.flush(timeout=1.0)
+        except OSError:  # the controller has gone: nobody to tell
+            pass
+        exit_now(code)
+
+    os._exit = flushed_exit  # type: ignore[assignment]
 
 
 # What a script left behind (its globals, or the exception whose traceback holds them) lives until the rank's

@@ -277,13 +277,15 @@ def serve_script(spec: WorkerSpec, conn: Any) -> None:
 def _flush_before_exit(progress: Any) -> None:
     """A script that ends its process with os._exit (as launchers' children do on a fatal error) is heard to its
     last call first: its rank holds its progress for a moment (meshsim.compat.progress)."""
-    exit_now = os._exit
+    exit_now, rank_pid = os._exit, os.getpid()
 
     def flushed_exit(code: int) -> NoReturn:
-        try:
-            progress.flush(timeout=1.0)
-        except OSError:  # the controller has gone: nobody to tell
-            pass
+        # (a forked child, a DataLoader's worker, ends with os._exit too: what it inherited held is the rank's)
+        if os.getpid() == rank_pid:
+            try:
+                progress.flush(timeout=1.0)
+            except OSError:  # the controller has gone: nobody to tell
+                pass
         exit_now(code)
 
     os._exit = flushed_exit  # type: ignore[assignment]

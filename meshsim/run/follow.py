@@ -127,12 +127,16 @@ class _Ticker:
         self.echo, self.watch, self.on_quiet = echo, watch, on_quiet
         self.period = 0.2 if echo is not None else 0.5 if watch is not None or on_quiet is not None else None
         self.asked = 0.0  # when on_quiet was last called
+        self.ticked = 0.0  # when it last ran: a run's messages come far more often than its period
         self.total = sum(len(h.pending) for h in hosted)  # the ranks this run follows (a sample, on the fake tier)
 
     def __call__(self) -> None:
+        now = time.monotonic()
+        if self.period is None or now - self.ticked < self.period:
+            return
+        self.ticked = now
         if self.echo is not None:
             self.echo()
-        now = time.monotonic()
         quiet = now - max([self.started] + [h.heard for h in self.hosted])
         if self.on_quiet is not None and quiet >= deadlines.QUIET_S / 2 and now - self.asked >= deadlines.QUIET_S:
             self.asked = now

@@ -71,8 +71,8 @@ class WorkerSpec:
     gpu: str | None = None  # the card each simulated GPU is (meshsim.compat.simgpu.gpus; None: an H100 80GB)
 
 
-def _die_with_parent() -> None:
-    lead_own_group()
+def _die_with_parent(own_session: bool = False) -> None:
+    lead_own_group(own_session)
     die_with_parent()
     if os.getppid() == 1:  # the parent is already gone
         os._exit(3)
@@ -127,7 +127,7 @@ def worker_main(spec: WorkerSpec, conn: Any, lifeline: Any) -> None:
         from . import flight
 
         flight.block_dump_signal()  # before any thread starts
-    _die_with_parent()
+    _die_with_parent(own_session=spec.script)
     _watch_lifeline(lifeline)
     _name_process(f"meshsim-r{spec.rank}")
     if not spec.script:  # a script's warnings are its own, shown as under torchrun; in a plan they are torch's

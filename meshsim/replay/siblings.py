@@ -36,7 +36,8 @@ def complete_siblings(incident: Incident) -> None:
         if not unseen or min(short) < 0 or sum(short) != len(unseen) or len(unseen) > 6:
             continue
         if not all(_held_on(incident, g) for g, n in zip(groups, short) if n) or \
-                not all(_went_past(incident, groups, r) for r in unseen):
+                not all(_went_past(incident, groups, r) for r in unseen) or \
+                any(_chained(incident, g) for g in groups):
             continue
         strided = [fill for fill in _fills(unseen, short) if all(_evenly_strided(set(g.ranks) | set(extra))
                                                                  for g, extra in zip(groups, fill))]
@@ -57,6 +58,16 @@ def _held_on(incident: Incident, group: Group) -> bool:
     """A recorded member's last call is on the group and unfinished."""
     return any((last := incident.ranks[r].last) is not None and last.group == group.key and not last.finished
                for r in group.ranks if r in incident.ranks)
+
+
+def _chained(incident: Incident, group: Group) -> bool:
+    """The group is called at a line where a group that shares a rank with it is called too: the links of a
+    pipeline (each stage sends on its downstream link at the line where its upstream neighbour sends on its own),
+    which one stage's own line can make look like siblings, and which never split the world."""
+    calls = [c for record in incident.ranks.values() for c in record.calls]
+    sites = {c.site for c in calls if c.group == group.key and c.site is not None}
+    others = {c.group for c in calls if c.site in sites and c.group != group.key}
+    return any(set(incident.groups[o].ranks) & set(group.ranks) for o in others if o in incident.groups)
 
 
 def _went_past(incident: Incident, groups: list[Group], rank: int) -> bool:

@@ -54,6 +54,7 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         if found and len(found) < len(cycle):
             return found
     return silent_links(states, held, members) or odd_link_order(states, held, members) or \
+        crossed_pair(states, held, members) or \
         _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
 
 
@@ -155,6 +156,39 @@ def odd_link_order(states: list[RankState], held: dict[int, CallBegun],
                 found[r] = _odd_call(r, group, members.get(group, ()), odd, held)
                 break
     return found if found and 2 * len(found) < len(links) and set(found) & _waited_for(held) else {}
+
+
+def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
+                 members: dict[str, tuple[int, ...]]) -> dict[int, Cause]:
+    """Both members of a pair held in the same call of it, which does not complete: the two calls do not match
+    (a broadcast with two roots; gloo's dumps record no root). Where one member makes it at a line at which no call
+    of the run ever completed, and its partner at a line whose call completed on this very pair before (a stage
+    sending on the wrong link, its neighbour sending the next gradient as it did the last), the first is off the
+    pattern; the partner repeats a step the link ran."""
+    completed = {site for s in states for (group, q), (site, _) in s.call_log.items()
+                 if site is not None and not _held_in(held, s.rank, group, q)}
+    found: dict[int, Cause] = {}
+    for r, call in sorted(held.items()):
+        ranks = members.get(call.group, call.ranks)
+        partner = next((m for m in ranks if m != r), None) if len(ranks) == 2 and r in ranks else None
+        if partner is None or partner >= len(states) or not _held_in(held, partner, call.group, call.seq):
+            continue
+        mine = states[r].call_log.get((call.group, call.seq), (None, None))[0]
+        theirs = states[partner].call_log.get((call.group, call.seq), (None, None))[0]
+        ran_here = any(site == theirs for (group, q), (site, _) in states[partner].call_log.items()
+                       if group == call.group and q < call.seq)
+        if mine is not None and theirs is not None and mine != theirs and mine not in completed and ran_here:
+            found[r] = Cause(r, KINDS["mismatched"], (
+                f"rank {r} waits in {call.kind} #{call.seq} on its pair {group_text(ranks)} at {site_text(mine)}, a "
+                f"line at which no call of the run ever completed, while rank {partner} waits with it in that very "
+                f"call at {site_text(theirs)}, a line whose call completed on this pair before: the two calls do not "
+                f"match (two roots of a broadcast, say), and rank {r}'s is off the pattern"), call.group, call.seq)
+    return found if found and 2 * len(found) < len(states) else {}
+
+
+def _held_in(held: dict[int, CallBegun], rank: int, group: str, seq: int) -> bool:
+    call = held.get(rank)
+    return call is not None and call.group == group and call.seq == seq
 
 
 def _link_calls(state: RankState, group: str) -> list[tuple[Any, int | None]]:

@@ -80,6 +80,9 @@ CASES = {
     # first stage; the tp partner of a writer that took its host barrier first is behind it, not out of order
     "pp_short_batch_bcast": ([4], REORDERED),
     "writer_barrier_pair_order": ([2], REORDERED),
+    # held out, missed blind: a stage sends on its downstream link where its neighbour sends too (two roots, which
+    # gloo does not record); its own line on the two pipelines' links had made them look like a split of the world
+    "bcast_pipe_projector_grad_link": ([2, 6], MISMATCH),
     # gloo records no send/recv: the ranks held in one are candidates, not culprits, and the report says so
     "p2p_pipeline_skipped_send": ([], UNKNOWN),
 }

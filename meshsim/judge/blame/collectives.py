@@ -56,7 +56,9 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     if _decided(causes) and upstream:  # a second culprit beside the first: one call more than its part made
         causes.update(_beside(added_alone(states, ref, held), causes, held))
     causes.update(_added_at_the_end(states, ref, held, causes))
-    if _decided(causes):
+    # (a culprit the cycle's pattern named is a pipeline's: its stages make different calls, and program order,
+    # which a second hang is read from, holds within a stage only)
+    if _decided(causes) and not (in_cycle and all(causes[r] is in_cycle.get(r) for r in causes)):
         causes.update(_skipped_behind(states, order, causes))
         causes.update(_skipped_ahead(states, order, held, causes))
     on_another_group(states, ref, held, causes)

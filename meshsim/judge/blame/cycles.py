@@ -143,13 +143,10 @@ def odd_link_order(states: list[RankState], held: dict[int, CallBegun],
     be one the other stages reach at another place of that link (a stage's own line, as the last encoder's send,
     is its own code, not another order). Its partner and the ranks behind wait as they should."""
     links = _links(states, members)
-    alike: dict[frozenset[int], list[int]] = {}
-    for r in links:
-        alike.setdefault(frozenset(links[r]), []).append(r)
     found: dict[int, Cause] = {}
     for r, mine in sorted(links.items()):
-        peers = [p for p in alike[frozenset(mine)] if p != r and p < len(states)]
         for offset, group in sorted(mine.items()) if r < len(states) else ():
+            peers = [p for p in links if p != r and p < len(states) and _same_end(mine, links[p], offset)]
             theirs = [(_link_calls(states[p], links[p][offset]), _held_at(held, p, links[p][offset])) for p in peers]
             odd = _odd_place(_link_calls(states[r], group), _held_at(held, r, group), theirs)
             if odd is not None:
@@ -189,6 +186,16 @@ def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
 def _held_in(held: dict[int, CallBegun], rank: int, group: str, seq: int) -> bool:
     call = held.get(rank)
     return call is not None and call.group == group and call.seq == seq
+
+
+def _same_end(mine: dict[int, str], theirs: dict[int, str], offset: int) -> bool:
+    """Two ranks play the same end of their links at `offset` (a stage's downstream link): their links are at the
+    same offsets, or but one the other way round (a replica's image in a 3-D mesh of pairs: its dp partner above
+    where ours is below)."""
+    if offset not in theirs:
+        return False
+    differ = set(mine) ^ set(theirs)
+    return not differ or (len(differ) == 2 and sum(differ) == 0 and offset not in differ)
 
 
 def _link_calls(state: RankState, group: str) -> list[tuple[Any, int | None]]:

@@ -163,12 +163,12 @@ def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
     sending on the wrong link, its neighbour sending the next gradient as it did the last), the first is off the
     pattern; the partner repeats a step the link ran."""
     completed = {site for s in states for (group, q), (site, _) in s.call_log.items()
-                 if site is not None and not _held_in(held, s.rank, group, q)}
+                 if site is not None and _held_at(held, s.rank, group) != q}
     found: dict[int, Cause] = {}
     for r, call in sorted(held.items()):
         ranks = members.get(call.group, call.ranks)
         partner = next((m for m in ranks if m != r), None) if len(ranks) == 2 and r in ranks else None
-        if partner is None or partner >= len(states) or not _held_in(held, partner, call.group, call.seq):
+        if partner is None or partner >= len(states) or _held_at(held, partner, call.group) != call.seq:
             continue
         mine = states[r].call_log.get((call.group, call.seq), (None, None))[0]
         theirs = states[partner].call_log.get((call.group, call.seq), (None, None))[0]
@@ -181,11 +181,6 @@ def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
                 f"call at {site_text(theirs)}, a line whose call completed on this pair before: the two calls do not "
                 f"match (two roots of a broadcast, say), and rank {r}'s is off the pattern"), call.group, call.seq)
     return found if found and 2 * len(found) < len(states) else {}
-
-
-def _held_in(held: dict[int, CallBegun], rank: int, group: str, seq: int) -> bool:
-    call = held.get(rank)
-    return call is not None and call.group == group and call.seq == seq
 
 
 def _same_end(mine: dict[int, str], theirs: dict[int, str], offset: int) -> bool:

@@ -193,3 +193,6 @@ def test_each_rank_gets_the_environment_torchruns_agent_exports():
              e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"], e["TORCHELASTIC_USE_AGENT_STORE"],
              e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], e["TORCHELASTIC_SIGNALS_TO_HANDLE"]) for e in envs} == {
         ("4", "2", "2", "4", "trainer", "0", "1", "True", "1", "SIGTERM,SIGUSR1")}
+    # torchrun starts each worker in a session of its own (start_new_session); Linux schedules by session, and
+    # ranks of one session ran a step's all_reduce a third slower
+    assert all(e["own_session"] for e in envs)

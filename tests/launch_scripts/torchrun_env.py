@@ -1,4 +1,5 @@
-"""Prints the environment torchrun's agent gives a worker, as one line of JSON per rank."""
+"""Prints the environment torchrun's agent gives a worker, as one line of JSON per rank (and whether the worker
+leads a session of its own, as torchrun starts each one)."""
 import json
 import os
 
@@ -7,4 +8,5 @@ KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "G
         "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_SIGNALS_TO_HANDLE")
 
 if __name__ == "__main__":
-    print("ENV " + json.dumps({key: os.environ.get(key) for key in KEYS}), flush=True)
+    print("ENV " + json.dumps({**{key: os.environ.get(key) for key in KEYS},
+                               "own_session": os.getsid(0) == os.getpid()}), flush=True)

@@ -310,6 +310,13 @@ def _mode() -> Any:
         # without a mode (their dense CPU implementation), and what they return is counted, not their inner steps.
         supports_higher_order_operators = True
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch (2.11+) wraps a mode's __torch_dispatch__ in _disable_dynamo, which costs a training step
+            # more than the counting does. Nothing compiles until torch.compile is called: _guard_from_dynamo
+            # puts the wrapper on then (without it dynamo traces into this method and fails)
+            return False
+
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             if types and _passes_down(types, passed_down):
@@ -320,6 +327,19 @@ def _mode() -> Any:
             return out
 
     return DeviceMemory()
+
+
+def _guard_from_dynamo() -> None:
+    """Wrap the memory mode's __torch_dispatch__ as torch would have (see DeviceMemory._should_skip_dynamo), once
+    something is about to be compiled."""
+    import torch
+
+    mode_type = type(Books.mode)
+    raw = mode_type.__dict__.get("__torch_dispatch__")
+    if raw is None or getattr(mode_type, "_dynamo_guarded", False) or not hasattr(torch, "_disable_dynamo"):
+        return
+    mode_type.__torch_dispatch__ = torch._disable_dynamo(raw, recursive=True)
+    mode_type._dynamo_guarded = True
 
 
 _PASSED: dict[tuple, bool] = {}  # the argument types of an operator -> whether one of them is passed down
@@ -468,6 +488,7 @@ def _say_compile_runs_eagerly() -> None:
     told: list[bool] = []
 
     def compile(original: Any, *args: Any, **kwargs: Any) -> Any:
+        _guard_from_dynamo()
         if not told and os.environ.get("RANK", "0") == "0":
             told.append(True)
             print("meshsim: torch.compile runs eagerly here: the dispatch mode that counts the simulated GPUs' "
@@ -475,7 +496,15 @@ def _say_compile_runs_eagerly() -> None:
                   "PyTorch's); compiled code is tested on real GPUs", file=sys.stderr, flush=True)
         return original(*args, **kwargs)
 
+    def guarded(original: Any, *args: Any, **kwargs: Any) -> Any:
+        _guard_from_dynamo()
+        return original(*args, **kwargs)
+
     wrap(torch, "compile", compile)
+    dynamo = sys.modules.get("torch._dynamo")  # (imported already in a rank; importing it here costs 0.4-0.7 s)
+    for name in ("optimize", "export") if dynamo else ():  # dynamo's other doors
+        if hasattr(dynamo, name):
+            wrap(dynamo, name, guarded)
 
 
 MEMORY_TARGETS = ("torch.cuda.memory.memory_stats", "torch.cuda.memory.memory_summary", "torch.cuda.mem_get_info",

@@ -71,8 +71,10 @@ def checks(release: str = text(KNOWN[-1])) -> list[Check]:
                                                          "skip_on_mesh_dim" / "dumps"), "--deadline", "5"], 1, 300),
         Check("seeded bug", ["-m", "meshsim", "fuzz", "--hosts", "2", "--devices-per-host", "4", "--examples", "100",
                              "--seed", "1", "--shrink-budget", "10"], 1, 300, seeded=True),
-        Check("compat", ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_compat.py")],
-              0, 600),
+        # the simulated GPU's tests too: its patches reach deeper into torch (DTensor's strategies, the allocator)
+        Check("compat", ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         *(str(ROOT / "tests" / name) for name in ("test_compat.py", "test_simgpu.py",
+                                                                   "test_simgpu_memory.py"))], 0, 600),
     ]
 
 

@@ -37,8 +37,9 @@ def test_fsdp_and_fsdp_tp_training_holds_parameters_gradients_and_two_adam_state
 def test_a_block_is_rounded_to_512_bytes_in_cudas_segments_and_the_cache_is_released_by_empty_cache(checks):
     for rank in checks:
         figures = rank["allocator_arithmetic"]
-        assert figures["during"] == [4096 + 3 * MiB, 2 * MiB + 20 * MiB]
-        assert figures["after"] == [0, 22 * MiB, 4096 + 3 * MiB]
+        new_small_segment = 0 if figures["small_segment_cached"] else 2 * MiB
+        assert figures["during"] == [4096 + 3 * MiB, new_small_segment + 20 * MiB]
+        assert figures["after"] == [0, new_small_segment + 20 * MiB, 4096 + 3 * MiB]
         assert figures["emptied"] == 0
         assert figures["free_plus_reserved"] == figures["total"] == 64 * MiB
         assert figures["properties"] == [64 * MiB, "meshsim simulated GPU"] and figures["summary"]

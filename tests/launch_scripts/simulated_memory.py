@@ -46,19 +46,21 @@ def reduce_ops_as_on_nccl():
         tensor = torch.full((2,), float(rank + 1), device="cuda")
         dist.all_reduce(tensor, op=getattr(dist.ReduceOp, name))
         values[name] = tensor.tolist()
-    premul = dist.ReduceOp.PREMUL_SUM(0.5)
+    # (torch 2.9 and 2.10 make a PREMUL_SUM through the private helper; later releases call the enum member)
+    make_premul = dist.ReduceOp.PREMUL_SUM if callable(dist.ReduceOp.PREMUL_SUM) else dist._make_nccl_premul_sum
+    premul = make_premul(0.5)
     tensor = torch.full((2,), float(rank + 1), device="cuda")
     dist.all_reduce(tensor, op=premul)
     values["PREMUL_SUM"] = tensor.tolist()
     source = torch.arange(float(world * 2), device="cuda")
     kept = source.clone()
     out = torch.empty(2, device="cuda")
-    dist.reduce_scatter_tensor(out, source, op=dist.ReduceOp.PREMUL_SUM(0.25))
+    dist.reduce_scatter_tensor(out, source, op=make_premul(0.25))
     values["reduce_scatter_premul"] = out.tolist()
     values["input_unchanged"] = bool(torch.equal(source, kept))
     if hasattr(dist, "reduce_scatter_single"):
         single = torch.empty(2, device="cuda")
-        dist.reduce_scatter_single(single, source, op=dist.ReduceOp.PREMUL_SUM(0.25))
+        dist.reduce_scatter_single(single, source, op=make_premul(0.25))
         values["reduce_scatter_single_premul"] = single.tolist()
     values["functional_avg"] = funcol.all_reduce(torch.full((2,), float(rank), device="cuda"), "avg",
                                                  dist.group.WORLD).tolist()
@@ -74,6 +76,9 @@ def allocator_arithmetic():
     """One tensor: its bytes rounded up to 512, in a 2 MiB small-pool segment, freed to the cache, then released."""
     torch.cuda.empty_cache()
     base, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    # a block still live in the small pool keeps its 2 MiB segment, where the 4 KiB block then fits (torch 2.9's
+    # barrier(device_ids=...) leaves one on rank 0, as it would on a GPU)
+    small_live = torch.cuda.memory_stats()["allocated_bytes.small_pool.current"] > 0
     torch.cuda.reset_peak_memory_stats()
     x = torch.empty(1000, device="cuda")  # 4,000 bytes -> a 4,096-byte block
     y = torch.empty(3 * MiB // 4, device="cuda")  # 3 MiB -> a 20 MiB large-pool segment
@@ -84,7 +89,7 @@ def allocator_arithmetic():
     torch.cuda.empty_cache()
     stats = torch.cuda.memory_stats()
     free, total = torch.cuda.mem_get_info()
-    return {"during": during, "after": after, "emptied": torch.cuda.memory_reserved() - reserved0,
+    return {"during": during, "after": after, "small_segment_cached": small_live, "emptied": torch.cuda.memory_reserved() - reserved0,
             "keys": sorted(k for k in stats if k.startswith(("active_bytes.all", "reserved_bytes.all", "num_"))),
             "free_plus_reserved": free + torch.cuda.memory_reserved(), "total": total,
             "properties": [torch.cuda.get_device_properties(LOCAL_RANK).total_memory, torch.cuda.get_device_name()],

@@ -49,9 +49,13 @@ def _attention_strategies() -> None:
 
     try:
         from torch.distributed.tensor._op_schema import OpStrategy, RuntimeSchemaInfo
-        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, register_op_strategy
+        from torch.distributed.tensor._ops import utils
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
     except ImportError:  # another torch layout: its own rules stand
         return
+    register_op_strategy = getattr(utils, "register_op_strategy", None)
+    if register_op_strategy is None:  # torch 2.10 keeps it in a module of its own
+        from torch.distributed.tensor._ops.registration import register_op_strategy
     aten = torch.ops.aten
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)

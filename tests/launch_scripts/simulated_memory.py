@@ -89,7 +89,8 @@ def allocator_arithmetic():
     torch.cuda.empty_cache()
     stats = torch.cuda.memory_stats()
     free, total = torch.cuda.mem_get_info()
-    return {"during": during, "after": after, "small_segment_cached": small_live, "emptied": torch.cuda.memory_reserved() - reserved0,
+    return {"during": during, "after": after, "small_segment_cached": small_live,
+            "emptied": torch.cuda.memory_reserved() - reserved0,
             "keys": sorted(k for k in stats if k.startswith(("active_bytes.all", "reserved_bytes.all", "num_"))),
             "free_plus_reserved": free + torch.cuda.memory_reserved(), "total": total,
             "properties": [torch.cuda.get_device_properties(LOCAL_RANK).total_memory, torch.cuda.get_device_name()],

@@ -32,6 +32,7 @@ CASES = [
     ("os_exit", (2, 2), [1], DEAD, None),
     ("raises", (2, 2), [3], RAISED, None),
     ("sleeper", (2, 2), [2], STRAGGLER, None),
+    ("rendezvous_own_port", (2, 2), [], KINDS["rendezvous"], None),
     ("opposite_order", (2, 2), [1], REORDERED, None),
     ("wrong_collective", (2, 2), [3], MISMATCHED, None),
     ("wrong_size", (2, 2), [1], KINDS["size"], None),
@@ -76,6 +77,8 @@ CASES = [
     ("ring_attn_prev_wrap", (2, 4), [0, 4], MISMATCHED, None),
     ("bcast_pair_encdec", (2, 4), [3], MISMATCHED, None),
     ("dtensor_3d_packed_doc_norm", (2, 4), [4, 5, 6, 7], MISMATCHED, "dp"),
+    ("frozen_stage_grad_passthrough", (2, 4), [1, 5], MISMATCHED, None),
+    ("pp_crosshost_tp0_relay", (2, 4), [5], MISMATCHED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -90,7 +93,8 @@ CASES = [
 
 # Each script gets the time it needs to reach its hang on a loaded machine: plain gloo 2 s, a mesh 3 s, a model
 # (DDP, FSDP2, DTensor) 4 s. A rank still on its way at the deadline would rightly be called a straggler.
-PLAIN = {"return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wrong_size", "gather_object_one_rank",
+PLAIN = {"rendezvous_own_port", "return_early", "os_exit", "raises", "sleeper", "wrong_collective", "wrong_size",
+         "gather_object_one_rank",
          "pipeline_missing_send", "new_group_members_only", "barrier_skipped", "broadcast_object_one_rank",
          "busy_loop", "thread_join", "swallowed", "extra_barrier", "skip_in_loop_world",
          "hand_built_tp_groups_off_by_one", "pipeline_grads_on_forward_tags", "extra_isend_ring"}
@@ -99,7 +103,7 @@ MODEL = {"ddp_uneven_inputs", "ddp_skip_backward", "fsdp2_skip_step", "dtensor_r
 HELD_OUT = {"tp_throughput_logging", "pair_loader_broadcast", "interleaved_pp_eval", "vocab_parallel_ce_eval",
             "hier_allreduce_stream", "pp_tied_embed_ring", "ddp_contiguous_shards", "pipeline_first_stage_check",
             "hier_embed_sync", "pp_recompute_peer", "ring_attn_prev_wrap", "bcast_pair_encdec",
-            "dtensor_3d_packed_doc_norm"}
+            "dtensor_3d_packed_doc_norm", "frozen_stage_grad_passthrough", "pp_crosshost_tp0_relay"}
 
 
 def _deadline(script: str) -> float:

@@ -131,11 +131,11 @@ class Progress:
         self.seq[group] = n + 1
         # Inside a plan the step locates the call; in user code, the line that made it does (the judge aligns
         # the members' call sequences of a group by it, to tell a skipped call from a late one).
-        site = None if self.in_plan else user_site()
+        site, via = (None, None) if self.in_plan else user_sites()
         context = context or self.context or self.mesh_dims.get(group)
         # a launched script's call is said at once, with what is held: the call may end the process (gloo aborts
         # on tensors of another size), and the judge needs to know it was made, and with what sizes
-        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes, root), at_once=not self.in_plan)
+        self.emit(CallBegun(kind, ranks, group, n, context, site, sizes, root, via), at_once=not self.in_plan)
         return group, n
 
     def creating(self, ranks: tuple[int, ...], name: str, desc: str | None) -> None:
@@ -216,17 +216,25 @@ _PLUMBING: tuple[tuple[str, ...], str] | None = None
 
 def user_site() -> str | None:
     """The innermost frame of the user's own code: "train.py:42" (None: the call came from no user code)."""
+    return user_sites()[0]
+
+
+def user_sites() -> tuple[str | None, str | None]:
+    """The innermost frame of the user's own code ("train.py:42"), and the user's frame that called it: a script
+    that makes every send through one helper of its own calls from the helper's line each time, and which of the
+    helper's callers made the call is what tells its calls apart (meshsim.core.record.name_helper_calls)."""
     global _PLUMBING
     if _PLUMBING is None:
         _PLUMBING = _plumbing()
     plumbing, examples = _PLUMBING
+    found: list[str] = []
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
+    while frame is not None and len(found) < 2:
         path = frame.f_code.co_filename
         if path.startswith(examples) or not (path.startswith(plumbing) or path.startswith("<frozen")):
-            return f"{os.path.basename(path)}:{frame.f_lineno}"
+            found.append(f"{os.path.basename(path)}:{frame.f_lineno}")
         frame = frame.f_back
-    return None
+    return (found[0] if found else None), (found[1] if len(found) > 1 else None)
 
 
 def tensor_sizes(args: tuple[Any, ...]) -> str | None:

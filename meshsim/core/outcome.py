@@ -46,6 +46,7 @@ KINDS = {
     "collision": "groups crossed under one name",
     "tag": "send and recv tags differ",
     "unknown": "ranks waiting, cause unclear",
+    "rendezvous": "stuck in the rendezvous",
     "slow": "too slow for its deadline",
 }
 # The outcome a kind implies, where it implies one: a dead rank makes a crash, an exception an error, a run still

@@ -50,6 +50,7 @@ class RankState:
     sizes: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the tensors it passed
     group_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> its members, as called
     roots: dict[tuple[str, int], int] = field(default_factory=dict)  # (group, seq) -> a rooted collective's root
+    vias: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the line that called its site
     groups_created: int = 0  # new_group calls seen (torch's group counter moves with them)
     created: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group name -> ranks asked for
     created_as: dict[str, str] = field(default_factory=dict)  # group name -> its description (DeviceMesh's dim)
@@ -106,6 +107,8 @@ class RankState:
             self.group_ranks[event.group] = tuple(event.ranks)
             if event.root is not None:
                 self.roots[(event.group, event.seq)] = event.root
+            if event.via is not None:
+                self.vias[(event.group, event.seq)] = event.via
             if event.sizes is not None:
                 self.sizes[(event.group, event.seq)] = event.sizes
 
@@ -193,6 +196,30 @@ class RankState:
         if self.op in ("function", "script"):
             return f"running the {'user function' if self.op == 'function' else 'script'} outside any collective"
         return f"running step {self.step} ({self.op}) outside any collective"
+
+
+def name_helper_calls(states: list[RankState]) -> None:
+    """A line of the user's that several of their lines call (a helper that makes every send of a pipeline) tells
+    none of its calls apart: each is named by the line that called it instead ("pp.py:14 via pp.py:59"), wherever
+    the judge compares where calls were made."""
+    callers: dict[Any, set[str]] = {}
+    for s in states:
+        for key, (site, _) in s.call_log.items():
+            if isinstance(site, str) and key in s.vias:
+                callers.setdefault(site, set()).add(s.vias[key])
+    helpers = {site for site, vias in callers.items() if len(vias) > 1}
+    if not helpers:
+        return
+    for s in states:
+        def named(key: tuple[str, int], site: Site, s: RankState = s) -> Site:
+            return f"{site} via {s.vias[key]}" if site in helpers and key in s.vias else site
+
+        s.call_log = {key: (named(key, site), kind) for key, (site, kind) in s.call_log.items()}
+        s.in_flight = {key: c._replace(site=named(key, c.site)) for key, c in s.in_flight.items()}
+        if s.call is not None and s.call.kind != "new_group":
+            s.call = s.call._replace(site=named((s.call.group, s.call.seq), s.call.site))
+        if s.failed_in is not None and s.failed_in.kind != "new_group":
+            s.failed_in = s.failed_in._replace(site=named((s.failed_in.group, s.failed_in.seq), s.failed_in.site))
 
 
 class RunStatus(NamedTuple):

@@ -197,6 +197,7 @@ class CallBegun(NamedTuple):
     site: str | int | None = None  # where in the user's code ("train.py:42"), or a plan's step; None: unknown
     sizes: str | None = None  # the tensors it passed, "float32[4]" (user code; a plan's are the model's to know)
     root: int | None = None  # a rooted collective's root, a global rank (broadcast's src, reduce's dst; user code)
+    via: str | None = None  # the user's line that called the function at `site` (which may be a helper of theirs)
 
 
 class CallReturned(NamedTuple):

@@ -13,7 +13,7 @@ from typing import Any
 from ..core import pace
 from ..core.outcome import KINDS
 from ..core.ranks import group_text, ranks_text
-from ..core.record import RankState, RunRecord
+from ..core.record import RankState, RunRecord, name_helper_calls
 from ..core.wire import DIED, RAISED
 from ..model import torch_side
 from .blame import Blame, Cause, blame, blocked_call, missing_from
@@ -83,6 +83,7 @@ def diagnose(record: RunRecord, plan: Any = None, prediction: Any = None) -> Dia
     if record.still_moving:
         return _too_slow(record, plan)
     states = record.states
+    name_helper_calls(states)
     waits = [_wait(s, states, plan, prediction) for s in states if blocked_call(s) is not None]
     waiting = {w.rank for w in waits}
     elsewhere = {s.rank: s.where + _last_words(s) for s in states if s.rank not in waiting}

@@ -313,6 +313,8 @@ def _log(state: Any, call: Call) -> None:
     state.issued.append((call.group, call.seq))
     if call.in_sizes:
         state.sizes[(call.group, call.seq)] = _sizes(call)
+    if call.via is not None:
+        state.vias[(call.group, call.seq)] = call.via
 
 
 def _sizes(call: Call) -> str:
@@ -325,7 +327,7 @@ def _begun(incident: Incident, rank: int, call: Call) -> Any:
 
     g = incident.groups[call.group]
     return CallBegun(_kind(call), tuple(g.ranks), call.group, call.seq, _context(incident, g, rank), call.site,
-                     _sizes(call) if call.in_sizes else None)
+                     _sizes(call) if call.in_sizes else None, via=call.via)
 
 
 def _context(incident: Incident, g: Any, rank: int) -> tuple | None:

@@ -194,12 +194,26 @@ LIBRARY = re.compile(r"/torch/|/typing_extensions\.py$|/lib/python3\.\d+/(?!.*-p
 def _site(frames: Any) -> str | None:
     """The innermost frame outside torch, its shims (typing_extensions' deprecation wrapper) and the standard
     library: where the user's code made the call."""
+    found = _user_frames(frames)
+    return found[0] if found else None
+
+
+def _via(frames: Any) -> str | None:
+    """The user's frame that called the one at the call's site (meshsim.compat.progress.user_sites)."""
+    found = _user_frames(frames)
+    return found[1] if len(found) > 1 else None
+
+
+def _user_frames(frames: Any) -> list[str]:
+    found = []
     for frame in frames or ():
         filename = str(frame.get("filename", "")).replace(os.sep, "/")
         if not filename or filename.startswith("<") or LIBRARY.search(filename):
             continue
-        return f"{os.path.basename(filename)}:{frame.get('line')}"
-    return None
+        found.append(f"{os.path.basename(filename)}:{frame.get('line')}")
+        if len(found) == 2:
+            break
+    return found
 
 
 def _rank_record(dump: Any, key_of: dict, backends: Counter) -> RankRecord:
@@ -257,7 +271,7 @@ def _call(rank: int, slot: tuple, entries: list[dict], gloo: bool) -> Call:
                 int(first["record_id"]), int(first.get("time_created_ns") or 0),
                 ops if len(ops) > 1 else (), p2p, peer,
                 tuple((str(f.get("name")), str(f.get("filename")), f.get("line")) for f in frames),
-                _int(first.get("timeout_ms")), op_id=_int(first.get("op_id")))
+                _int(first.get("timeout_ms")), op_id=_int(first.get("op_id")), via=_via(frames))
 
 
 def _int(value: Any) -> int:

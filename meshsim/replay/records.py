@@ -46,6 +46,7 @@ class Call:
     frames: tuple = ()  # (name, filename, line), innermost first, as recorded
     timeout_ms: int = 0  # how long its group lets it wait (0: not recorded)
     op_id: int = 0  # the group's count of every op the rank made on it, recorded or not (0: not recorded)
+    via: str | None = None  # the user's frame that called the one at `site` (meshsim.compat.progress.user_sites)
 
     @property
     def finished(self) -> bool:

@@ -53,9 +53,10 @@ def _attention_strategies() -> None:
         from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
     except ImportError:  # another torch layout: its own rules stand
         return
-    register_op_strategy = getattr(utils, "register_op_strategy", None)
+    register_op_strategy: Any = getattr(utils, "register_op_strategy", None)
     if register_op_strategy is None:  # torch 2.10 keeps it in a module of its own
-        from torch.distributed.tensor._ops.registration import register_op_strategy
+        registration: Any = importlib.import_module("torch.distributed.tensor._ops.registration")
+        register_op_strategy = registration.register_op_strategy
     aten = torch.ops.aten
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)

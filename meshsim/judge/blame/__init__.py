@@ -68,7 +68,8 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
     held = {s.rank: call for s in states if (call := blocked_call(s)) is not None}
     if not held:  # nobody waits in a call: the ranks still running past the deadline are the stragglers
         stalled = [s.rank for s in states if s.end == STUCK]
-        return _plainly(KINDS["straggler"] if stalled else KINDS["unknown"], stalled, states)
+        return _rendezvous(record, stalled) or _plainly(KINDS["straggler"] if stalled else KINDS["unknown"],
+                                                        stalled, states)
     evidence = sorted(set(size_evidence))
     if evidence:
         return _plainly(KINDS["size"], evidence, states, victims=_waiting_for(held, evidence))
@@ -77,6 +78,36 @@ def blame(record: RunRecord, divergent: Iterable[int] = (), size_evidence: Itera
         found.causes = [Cause(r, found.kind, f"rank {r} {states[r].where}") for r in found.culprits]
         return found
     return collectives_blame(states, held, set(divergent), record.unseen, _in_torch_distributed(record, held))
+
+
+# init_process_group's rendezvous: connecting to the store (env://, tcp://), or waiting for every rank to join it
+_RENDEZVOUS = re.compile(r"/torch/distributed/(?:rendezvous\.py|elastic/rendezvous/)|in _create_c10d_store|"
+                         r"in _store_based_barrier|in _env_rendezvous_handler|in _tcp_rendezvous_handler")
+
+
+def _rendezvous(record: RunRecord, stalled: list[int]) -> Blame | None:
+    """Ranks that made no collective call, held in init_process_group's rendezvous (their Python stacks say so):
+    the job never formed. Where every stalled rank is there, the store they connect to is not served (a script
+    that sets MASTER_ADDR/MASTER_PORT or an init_method of its own, which torchrun's workers connect to as clients)
+    or the world it waits for is not this launch's: no rank is to blame more than another. Ranks stalled elsewhere
+    never reached the rendezvous the others wait in: they are the stragglers."""
+    states = record.states
+    if not stalled or any(s.completed or s.call_log for s in states):
+        return None
+    inside = [r for r in stalled if _RENDEZVOUS.search(record.stacks.get(r, "").split("Current thread", 1)[-1])]
+    if not inside:
+        return None
+    where = "waits in init_process_group's rendezvous (connecting to its store, or for the other ranks to join)"
+    victims = {r: where for r in inside}
+    outside = [r for r in stalled if r not in inside]
+    if outside:
+        return Blame(KINDS["straggler"], outside, "", victims,
+                     [Cause(r, KINDS["straggler"], f"rank {r} never reached init_process_group, where ranks "
+                            f"{ranks_text(inside)} wait for it: {states[r].where}") for r in outside])
+    note = (f"Every rank {where}: no rank is to blame more than another. The store is not served (the script sets "
+            "MASTER_ADDR/MASTER_PORT or an init_method of its own, which torchrun's workers all connect to as "
+            "clients), or the world it waits for is not this launch's (WORLD_SIZE, --nnodes x --nproc-per-node)")
+    return Blame(KINDS["rendezvous"], [], note, victims, [])
 
 
 # where torch's distributed machinery calls collectives from C++, out of the Python calls meshsim follows (DDP's

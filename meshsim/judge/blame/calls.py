@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.record import RankState
-from ...core.wire import RAISED, STUCK, CallBegun
+from ...core.wire import RAISED, STUCK, CallBegun, channel_ends
 
 
 @dataclass
@@ -78,3 +78,9 @@ def members_of(states: list[RankState], group: str) -> list[int]:
 
 def site_text(site: Any) -> str:
     return f"step {site}" if isinstance(site, int) else str(site)
+
+
+def between(r: int, channel: str) -> str:
+    """Whom rank r sends to or receives from on a point-to-point channel, in words."""
+    src, dst, _ = channel_ends(channel) or (None, None, 0)
+    return f"to rank {dst}" if src == r else f"from rank {src}"

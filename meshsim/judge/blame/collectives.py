@@ -31,6 +31,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     stack is in torch's distributed code (where it is): each may wait in a call torch makes from C++."""
     order = StateOrder(states)
     ref = Reference(states, order.roles)
+    if len(divergent) >= len(states):  # a plan whose every rank takes its own way (a replay's) breaks no tie
+        divergent = set()
     causes, upstream = _missing(states, order, held, unseen, hidden or {})
     # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
     distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
@@ -70,7 +72,26 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes = added  # (where only candidates were left, the call off the path decides)
     else:
         causes = _behind_a_culprit(causes, in_cycle, held)
-    return _blamed(states, held, causes, unseen)
+    return _blamed(states, held, _knocked_off(states, causes), unseen)
+
+
+def _knocked_off(states: list[RankState], causes: dict[int, Cause]) -> dict[int, Cause]:
+    """Without the ranks that completed, with another call of theirs, the very call a culprit added or mismatched
+    (its tp partner's next all_reduce pairs with a monitor all_reduce on the wrong dim): from there on the partner
+    is a call ahead of its peers on that group, and what it departs in later follows from that."""
+    knocked = set()
+    for r, cause in causes.items():
+        if cause.candidate or cause.kind != KINDS["mismatched"] or cause.group is None or cause.seq is None:
+            continue
+        made = states[r].call_log.get((cause.group, cause.seq))
+        for m in members_of(states, cause.group):
+            theirs = states[m].call_log.get((cause.group, cause.seq)) if m != r and m < len(states) else None
+            partner_cause = causes.get(m)
+            if made is not None and theirs is not None and theirs[0] != made[0] and partner_cause is not None \
+                    and (partner_cause.group, partner_cause.seq) != (cause.group, cause.seq):
+                knocked.add(m)
+    kept = {r: c for r, c in causes.items() if r not in knocked}
+    return kept if any(not c.candidate for c in kept.values()) else causes
 
 
 def _behind_a_culprit(causes: dict[int, Cause], in_cycle: dict[int, Cause],

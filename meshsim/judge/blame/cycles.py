@@ -17,8 +17,9 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
 from ...core.wire import CallBegun, channel_ends
-from .calls import Cause, site_text
+from .calls import Cause, between, site_text
 from .parts import StateOrder
+from .pipelines import lone_channels, mispaired, off_the_common_turn
 
 PARTS = ("dim", "siblings")  # the parts several groups play (meshsim.judge.blame.parts.roles_of)
 
@@ -53,8 +54,10 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
         found = _odd_ones(states, held, cycle, shape, order.roles)
         if found and len(found) < len(cycle):
             return found
-    return silent_links(states, held, members) or odd_link_order(states, held, members) or \
-        crossed_pair(states, held, members) or \
+    return lone_channels(states, held) or silent_links(states, held, members) or \
+        odd_link_order(states, held, members) or \
+        crossed_pair(states, held, members) or mispaired(states, held, members) or \
+        off_the_common_turn(states, held, order) or \
         _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
 
 
@@ -76,18 +79,13 @@ def crossing_channels(states: list[RankState], held: dict[int, CallBegun], membe
         if not crossing or 4 * len(crossing) > len(called):
             continue
         found = {r: Cause(r, KINDS["mismatched"], (
-            f"rank {r} waits in {call.kind} #{call.seq} {_between(r, call.group)}, a channel that crosses the groups "
+            f"rank {r} waits in {call.kind} #{call.seq} {between(r, call.group)}, a channel that crosses the groups "
             f"every other channel of the run stays within ({len(called) - len(crossing)} of {len(called)}), and on "
             f"which no other rank ever called: it named a peer outside its group"), call.group, call.seq)
             for r, call in sorted(held.items()) if call.group in crossing and called[call.group] <= {r}}
         if found:
             return found
     return {}
-
-
-def _between(r: int, channel: str) -> str:
-    src, dst, _ = channel_ends(channel) or (None, None, 0)
-    return f"to rank {dst}" if src == r else f"from rank {src}"
 
 
 def _partitions(members: dict[str, tuple[int, ...]], roles: dict[str, Any]) -> list[dict[int, int]]:

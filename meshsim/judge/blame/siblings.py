@@ -38,7 +38,11 @@ def by_siblings(states: list[RankState], ref: Reference, call: CallBegun, seq: i
     program = ref.program(part, seq, exclude=members)
     if program is None:
         return None
-    matching = [e for e in camps if e == program] or [e for e in camps if e[1] == program[1]]
+    # the same call, else from the same line through another caller of a helper (a stage's forward and another's
+    # backward both call the tp all_reduce's helper), else the same kind of call
+    matching = [e for e in camps if e == program] or \
+        [e for e in camps if (_line(e[0]), e[1]) == (_line(program[0]), program[1])] or \
+        [e for e in camps if e[1] == program[1]]
     if len(matching) != 1:
         return None
     after = ref.program(part, seq + 1, exclude=members)
@@ -55,6 +59,16 @@ def by_siblings(states: list[RankState], ref: Reference, call: CallBegun, seq: i
     return causes
 
 
+def _line(site: Any) -> Any:
+    """The user's line a call was made at, without the helper's caller (meshsim.core.record.name_helper_calls)."""
+    return site.split(" via ", 1)[0] if isinstance(site, str) else site
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Two (site, kind) entries are the same call: made at one line, whichever caller of a helper made it."""
+    return a == b or (a is not None and b is not None and (_line(a[0]), a[1]) == (_line(b[0]), b[1]))
+
+
 def _departure(ref: Reference, part: Any, call: CallBegun, seq: int, entry: Any, r: int,
                program: tuple[Any, Any], members: list[int]) -> Any:
     """How rank r's call `entry` at position seq departs from the program's (its call there, and the next); None
@@ -62,8 +76,8 @@ def _departure(ref: Reference, part: Any, call: CallBegun, seq: int, entry: Any,
     here, after = program
     group = f"group {group_text(call.ranks)}"
     peers = f"its peers on {ref.describe(part)}"
-    inserted = ref.entry(r, part, seq + 1) == here
-    skipped = after is not None and entry == after
+    inserted = _alike(ref.entry(r, part, seq + 1), here)
+    skipped = after is not None and _alike(entry, after)
     if inserted and skipped:  # calls that alternate (A B A B): one call fewer or one more, counts tell
         mine, theirs = ref.count(r, part), ref.counts(part, exclude=members).most_common(1)
         if mine is None or not theirs or mine == theirs[0][0]:
@@ -123,7 +137,8 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
             if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(inside & set(ranks)) >= len(ranks):
                 continue
             others = [m for m in ranks if m not in inside]
-            if all((ref.count(m, part) or 0) <= call.seq for m in others):
+            if all((ref.count(m, part) or 0) <= call.seq for m in others) and \
+                    not on_their_way(states, held, call, site):
                 usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
                 found[r] = Cause(r, KINDS["mismatched"], (
                     f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
@@ -131,6 +146,21 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
                     f" where its peers on {ref.describe(part)} made {usual} call{'s' if usual != 1 else ''} there and "
                     "went on"), call.group, call.seq)
     return found
+
+
+def on_their_way(states: list[RankState], held: dict[int, CallBegun], call: CallBegun, site: Any) -> bool:
+    """Whether a member that has not made the call is held where the program goes on to the call's line next (a tp
+    rank 0 receiving what it then broadcasts to its partner, who waits in that broadcast already)."""
+    if not isinstance(site, str):
+        return False
+    before = {c.site for m, c in held.items() if m in call.ranks and c.site != site and c.site is not None}
+    if not before:
+        return False
+    for s in states:
+        sites = [s.call_log.get(key, (None, None))[0] for key in s.issued]
+        if any(a in before and b == site for a, b in zip(sites, sites[1:])):
+            return True
+    return False
 
 
 def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:

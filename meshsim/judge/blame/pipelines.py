@@ -1,0 +1,176 @@
+"""Pipelines' own rules: where stages make different calls by design, what the run's other ranks did tells the
+stage that departs (a wait on a point-to-point channel, or on a pair of ranks no mesh dim made; meshsim.judge.blame.
+cycles asks these after its pattern rules).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ...core.outcome import KINDS
+from ...core.ranks import group_text
+from ...core.record import RankState
+from ...core.wire import CallBegun, channel_ends
+from .calls import Cause, between, site_text
+from .parts import StateOrder
+from .siblings import added_off_the_path, on_their_way
+
+
+def lone_channels(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """A rank held in its first send or receive with a peer that never exchanged anything with it, in either
+    direction, though the peer went round its loop (a line of its called twice) and completed calls with others:
+    the two have no link in the program (a tp rank 1 sending its gradient across hosts, where only tp rank 0 makes
+    that hop). Its call has no counterpart; the ranks behind it wait as they should."""
+    found: dict[int, Cause] = {}
+    for r, call in sorted(held.items()):
+        ends = channel_ends(call.group)
+        if ends is None or r not in ends[:2]:
+            continue
+        peer = ends[1] if ends[0] == r else ends[0]
+        if peer >= len(states) or _exchanged(states[peer], r) or _exchanged(states[r], peer, but=call.group):
+            continue
+        lines = Counter(site for site, _ in states[peer].call_log.values())
+        if lines and max(lines.values()) >= 2 and states[peer].completed:
+            found[r] = Cause(r, KINDS["mismatched"], (
+                f"rank {r} waits in {call.kind} #{call.seq} {between(r, call.group)}, and rank {peer} never sent "
+                f"to it or received from it, though it went round its loop and completed {states[peer].completed} "
+                f"calls with others: rank {r}'s call has no counterpart in the program"), call.group, call.seq)
+    return found if found and 2 * len(found) < len(states) else {}
+
+
+def _exchanged(state: RankState, other: int, but: str | None = None) -> bool:
+    """Whether the rank made a send or receive with `other` (on a channel other than `but`)."""
+    for group, _ in state.call_log:
+        ends = channel_ends(group)
+        if group != but and ends is not None and other in ends[:2] and state.rank in ends[:2]:
+            return True
+    return False
+
+
+def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], order: StateOrder) -> dict[int, Cause]:
+    """Ranks whose held call is not where the run's other ranks went from the same point: after their n-th call at
+    a line, twice as many ranks made their next call at another line, and some of them completed it (a frozen
+    pipeline stage that skips its backward: after its last forward send it receives the next step's input, where
+    every other stage receives a gradient), unless whom it waits for is on the way to it. Held at a line of its own
+    (no rank of the others' way calls there), it makes its call first, in another order. Of those, one that waits
+    for another such rank is held up by it. Pipelines only (a wait on a channel, or on a pair no mesh dim made):
+    the ranks of a mesh dim's groups make the same calls, which the sibling rules compare."""
+    if not any(channel_ends(c.group) is not None or (
+            order.roles.get(c.group, ("",))[0] != "dim" and len(_group_members(states, c.group)) == 2)
+            for c in held.values()):
+        return {}
+    turns: dict[tuple[Any, int], Counter[Any]] = {}
+    went: dict[int, tuple[tuple[Any, int], Any]] = {}
+    for s in states:
+        sites = [s.call_log.get(key, (None, None))[0] for key in s.issued]
+        if any(not isinstance(site, str) for site in sites):
+            return {}  # a plan's steps: its ranks run the plan, not a program of lines
+        seen: Counter[Any] = Counter()
+        call = held.get(s.rank)
+        at = s.issued.index((call.group, call.seq)) if call is not None and (call.group, call.seq) in s.issued \
+            else None
+        for i, site in enumerate(sites[:-1]):
+            seen[site] += 1
+            point = (site, seen[site])
+            turns.setdefault(point, Counter())[sites[i + 1]] += 1
+            if at is not None and i + 1 == at:
+                went[s.rank] = (point, sites[i + 1])
+    odd: dict[int, Cause] = {}
+    off_path = added_off_the_path(states, held)
+    for r, (point, site) in sorted(went.items()):
+        common, count = turns[point].most_common(1)[0]
+        minority = {q for q, (there, went_to) in went.items() if there == point and went_to == site}
+        completed = any(w.rank != r and _next_completed(w, point, common, held) for w in states)
+        if common != site and count >= 2 * turns[point][site] and completed and \
+                not on_their_way(states, held, held[r], site):
+            if _own_line(states, held[r], minority) and r in off_path:
+                continue  # a line of its own that is a call off the path (siblings.added_off_the_path says so)
+            odd[r] = _reordered_turn(states, r, held[r], point, common, minority) or Cause(r, KINDS["mismatched"], (
+                f"rank {r} waits in {held[r].kind} #{held[r].seq} at {site_text(site)}, where after their call "
+                f"#{point[1]} at {site_text(point[0])} {count} ranks went on to {site_text(common)} and completed "
+                f"it: rank {r} left the path the others take there"), held[r].group, held[r].seq)
+    behind = {r for r in odd if set(odd) - {r} & set(held[r].ranks)}
+    found = {r: c for r, c in odd.items() if r not in behind}
+    return found if found and 2 * len(found) < len(states) else {}
+
+
+def _own_line(states: list[RankState], held: CallBegun, minority: set[int]) -> bool:
+    return not any(site == held.site for s in states if s.rank not in minority for site, _ in s.call_log.values())
+
+
+def _reordered_turn(states: list[RankState], r: int, held: CallBegun, point: tuple[Any, int], common: Any,
+                    minority: set[int]) -> Cause | None:
+    """Rank r's cause where its line is its own (no rank that went the others' way made a call there): it made
+    that call first, where the others go on to theirs, the two in another order (a writer's barrier before the
+    pair all_reduce, a loss report sent before the backward)."""
+    if not _own_line(states, held, minority):
+        return None
+    return Cause(r, KINDS["reordered"], (
+        f"rank {r} waits in {held.kind} #{held.seq} at {site_text(held.site)}, a line of its own, where after their "
+        f"call #{point[1]} at {site_text(point[0])} the others went on to {site_text(common)} and completed it: it "
+        "makes its call there first, in another order than theirs"), held.group, held.seq)
+
+
+def _group_members(states: list[RankState], group: str) -> list[int]:
+    return sorted({s.rank for s in states if group in s.calls_on} |
+                  {m for s in states for m in s.created.get(group, ())})
+
+
+def _next_completed(state: RankState, point: tuple[Any, int], site: Any, held: dict[int, CallBegun]) -> bool:
+    """Whether the rank's call after its n-th at a line was at `site` and is not the one it is held in."""
+    n = 0
+    for i, key in enumerate(state.issued[:-1]):
+        if state.call_log.get(key, (None, None))[0] == point[0]:
+            n += 1
+            if n == point[1]:
+                after = state.issued[i + 1]
+                call = held.get(state.rank)
+                return state.call_log.get(after, (None, None))[0] == site and (
+                    call is None or (call.group, call.seq) != after)
+    return False
+
+
+def mispaired(states: list[RankState], held: dict[int, CallBegun],
+              members: dict[str, tuple[int, ...]]) -> dict[int, Cause]:
+    """A call on a pair that completed with a call from a line its own line never pairs with elsewhere (a last stage
+    whose extra eval forward takes the training activation its neighbour sends): of the two, the rank that made one
+    call more at its line than any other rank that calls there added it; from there on the two are a call apart."""
+    pairs: Counter[tuple[Any, Any]] = Counter()
+    seen: list[tuple[str, int, tuple[int, int], tuple[Any, Any]]] = []
+    for group, ranks in members.items():
+        if len(ranks) != 2 or channel_ends(group) is not None or any(r >= len(states) for r in ranks):
+            continue
+        a, b = (states[r] for r in ranks)
+        for q in range(min(a.calls_on.get(group, 0), b.calls_on.get(group, 0))):
+            if (group, q) in a.call_log and (group, q) in b.call_log:
+                lines = (a.call_log[(group, q)][0], b.call_log[(group, q)][0])
+                pairs[lines] += 1
+                seen.append((group, q, (a.rank, b.rank), lines))
+    made: Counter[tuple[int, Any]] = Counter((s.rank, site) for s in states for site, _ in s.call_log.values())
+    found: dict[int, Cause] = {}
+    for group, q, ranks, lines in seen:
+        if pairs[lines] * 2 > min(_usual(pairs, lines, 0), _usual(pairs, lines, 1)):
+            continue  # a pairing of these two lines is no rarer than each line's usual one
+        for r, line in zip(ranks, lines):
+            others = Counter(n for (rank, site), n in made.items() if site == line and rank not in ranks)
+            if not others or r in found:
+                continue
+            usual, most = others.most_common(1)[0]
+            if made[(r, line)] > usual and 2 * sum(n for count, n in others.items() if count > usual) < most:
+                found[r] = Cause(r, KINDS["mismatched"], (
+                    f"rank {r} added a call the others do not make: its call #{q} on its pair {group_text(ranks)} at "
+                    f"{site_text(line)}, its call #{made[(r, line)]} there where the other ranks that call there made "
+                    f"{usual}, completed with rank {_other(ranks, r)}'s call at "
+                    f"{site_text(lines[1 - ranks.index(r)])}, which pairs with another line everywhere else"),
+                    group, q)
+    return found if found and 2 * len(found) < len(states) else {}
+
+
+def _usual(pairs: Counter[tuple[Any, Any]], lines: tuple[Any, Any], side: int) -> int:
+    """How often the line on `side` of a pairing pairs with the line it pairs with most."""
+    return max(n for other, n in pairs.items() if other[side] == lines[side])
+
+
+def _other(ranks: tuple[int, int], r: int) -> int:
+    return ranks[1] if ranks[0] == r else ranks[0]

@@ -62,6 +62,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
         return {}
     turns: dict[tuple[Any, int], Counter[Any]] = {}
     went: dict[int, tuple[tuple[Any, int], Any]] = {}
+    nexts: dict[int, dict[tuple[Any, int], Any]] = {}  # rank -> (line, n) -> its next call's line
     for s in states:
         sites = [s.call_log.get(key, (None, None))[0] for key in s.issued]
         if any(not isinstance(site, str) for site in sites):
@@ -74,6 +75,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
             seen[site] += 1
             point = (site, seen[site])
             turns.setdefault(point, Counter())[sites[i + 1]] += 1
+            nexts.setdefault(s.rank, {})[point] = sites[i + 1]
             if at is not None and i + 1 == at:
                 went[s.rank] = (point, sites[i + 1])
     odd: dict[int, Cause] = {}
@@ -83,7 +85,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
         minority = {q for q, (there, went_to) in went.items() if there == point and went_to == site}
         completed = any(w.rank != r and _next_completed(w, point, common, held) for w in states)
         if common != site and count >= 2 * turns[point][site] and completed and \
-                not on_their_way(states, held, held[r], site):
+                not on_their_way(states, held, held[r], site) and not _its_way(nexts[r], turns, point, site):
             if _own_line(states, held[r], minority) and r in off_path:
                 continue  # a line of its own that is a call off the path (siblings.added_off_the_path says so)
             odd[r] = _reordered_turn(states, r, held[r], point, common, minority) or Cause(r, KINDS["mismatched"], (
@@ -93,6 +95,14 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
     behind = {r for r in odd if set(odd) - {r} & set(held[r].ranks)}
     found = {r: c for r, c in odd.items() if r not in behind}
     return found if found and 2 * len(found) < len(states) else {}
+
+
+def _its_way(mine: dict[tuple[Any, int], Any], turns: dict[tuple[Any, int], Counter[Any]], point: tuple[Any, int],
+             site: Any) -> bool:
+    """Whether the rank went from that line to `site` every earlier time too, where most went elsewhere: its part
+    of the program (a first stage, which has no stage to send its gradient to, receives the next one at once)."""
+    earlier = [(point[0], n) for n in range(1, point[1]) if (point[0], n) in mine]
+    return bool(earlier) and all(mine[p] == site and turns[p].most_common(1)[0][0] != site for p in earlier)
 
 
 def _own_line(states: list[RankState], held: CallBegun, minority: set[int]) -> bool:

@@ -79,6 +79,7 @@ CASES = [
     ("dtensor_3d_packed_doc_norm", (2, 4), [4, 5, 6, 7], MISMATCHED, "dp"),
     ("frozen_stage_grad_passthrough", (2, 4), [1, 5], MISMATCHED, None),
     ("pp_crosshost_tp0_relay", (2, 4), [5], MISMATCHED, None),
+    ("negqueue_skip_and_reset", (2, 4), [2, 5], SKIPPED, None),
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -103,7 +104,8 @@ MODEL = {"ddp_uneven_inputs", "ddp_skip_backward", "fsdp2_skip_step", "dtensor_r
 HELD_OUT = {"tp_throughput_logging", "pair_loader_broadcast", "interleaved_pp_eval", "vocab_parallel_ce_eval",
             "hier_allreduce_stream", "pp_tied_embed_ring", "ddp_contiguous_shards", "pipeline_first_stage_check",
             "hier_embed_sync", "pp_recompute_peer", "ring_attn_prev_wrap", "bcast_pair_encdec",
-            "dtensor_3d_packed_doc_norm", "frozen_stage_grad_passthrough", "pp_crosshost_tp0_relay"}
+            "dtensor_3d_packed_doc_norm", "frozen_stage_grad_passthrough", "pp_crosshost_tp0_relay",
+            "negqueue_skip_and_reset"}
 
 
 def _deadline(script: str) -> float:

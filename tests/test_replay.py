@@ -94,6 +94,9 @@ CASES = {
     # held out, missed blind: an extra eval forward on the last stages takes their neighbour's training activation
     # (a pairing of two lines that pair with others everywhere else; the rank with one call more at its line added it)
     "bcast_pipe_eval_meter_count": ([6, 7], MISMATCH),
+    # held back, missed: a skip on one host beside an added call on the other, in one cycle; the call off the path
+    # had hidden the skip (its ranks wait for rank 2 at a line it passed before)
+    "loader_stats_skip_and_checksum_recheck": ([2, 7], MISMATCH),
     # gloo records no send/recv: the ranks held in one are candidates, not culprits, and the report says so
     "p2p_pipeline_skipped_send": ([], UNKNOWN),
 }

@@ -44,6 +44,7 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
                 if cause.kind == KINDS["skipped"] or cause.rank not in causes:
                     causes[cause.rank] = cause
+    causes = _counts_refute(ref, held, causes)
     if not causes and upstream:  # a send and a recv between the same ranks under different tags wait for each other
         causes.update(tag_causes(states, held))
     if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
@@ -55,24 +56,67 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         added = added_off_the_path(states, held)  # a cycle behind a call no other rank makes: that call
     else:
         added = {}
-    if _decided(causes) and upstream:  # a second culprit beside the first: one call more than its part made
+    if _decided(causes):  # a second culprit beside the first: one call more than its part made
         causes.update(_beside(added_alone(states, ref, held), causes, held))
     causes.update(_added_at_the_end(states, ref, held, causes))
     # (a culprit the cycle's pattern named is a pipeline's: its stages make different calls, and program order,
     # which a second hang is read from, holds within a stage only)
     if _decided(causes) and not (in_cycle and all(causes[r] is in_cycle.get(r) for r in causes)):
         causes.update(_skipped_behind(states, order, causes))
-        causes.update(_skipped_ahead(states, order, held, causes))
+        causes.update(_counts_refute(ref, held, _skipped_ahead(states, order, held, causes)))
     on_another_group(states, ref, held, causes)
     departing = image_causes(states)  # the whole program, through the cluster's symmetries, over one group's view
     decided = {r for r, c in causes.items() if not c.candidate}
-    if departing and set(departing) != decided:
-        causes = departing
+    if departing and set(departing) != decided and not (set(departing) < decided and
+                                                        _counted_extra(ref, held, decided - set(departing))):
+        causes = departing  # (the symmetries name the first culprit; a second one's extra call its counts tell)
     elif not departing and added and (set(added) < decided or not decided):
-        causes = added  # (where only candidates were left, the call off the path decides)
+        # (where only candidates were left, the call off the path decides; of the cycle's others, a rank that
+        # does not wait for the call's makers departs on its own: a second culprit, as a skip on another host)
+        causes = {**{r: c for r, c in causes.items() if r in decided and r in held and r not in added
+                     and not set(held[r].ranks) & set(added) and _skipped_here(states, held, r)}, **added}
     else:
         causes = _behind_a_culprit(causes, in_cycle, held)
     return _blamed(states, held, _knocked_off(states, causes), unseen)
+
+
+def _skipped_here(states: list[RankState], held: dict[int, CallBegun], r: int) -> bool:
+    """Whether ranks wait for rank r in a call at a line it passed before (it went on from there, as the others
+    do not)."""
+    passed = {site for site, _ in states[r].call_log.values()}
+    return any(r in call.ranks and r != w and call.site in passed and states[r].calls_on.get(call.group, 0) <= call.seq
+               for w, call in held.items())
+
+
+def _counted_extra(ref: Reference, held: dict[int, CallBegun], ranks: set[int]) -> bool:
+    """Whether each of these ranks is held on a group whose part it made more calls on than most ranks did: it
+    added a call there, which its counts show."""
+    for r in ranks:
+        if r not in held:
+            return False
+        part = ref.part(held[r].group)
+        counts = ref.counts(part).most_common(1)
+        if not counts or (ref.count(r, part) or 0) <= counts[0][0]:
+            return False
+    return True
+
+
+def _counts_refute(ref: Reference, held: dict[int, CallBegun], causes: dict[int, Cause]) -> dict[int, Cause]:
+    """Counts before order: a rank said to have skipped a call on a group, which made as many calls on its part as
+    most ranks did, while a rank held on that group made one more, did not skip it: that rank added one (a queue
+    reset's extra all_reduce that its node partners completed with their own, who went on)."""
+    kept = {}
+    for r, cause in causes.items():
+        if cause.kind == KINDS["skipped"] and cause.group is not None and not cause.candidate:
+            part = ref.part(cause.group)
+            counts = ref.counts(part).most_common(1)
+            usual = counts[0][0] if counts else None
+            more = [w for w, call in held.items() if call.group == cause.group and usual is not None
+                    and (ref.count(w, part) or 0) > usual]
+            if more and ref.count(r, part) == usual:
+                continue
+        kept[r] = cause
+    return kept
 
 
 def _knocked_off(states: list[RankState], causes: dict[int, Cause]) -> dict[int, Cause]:

@@ -85,7 +85,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
         minority = {q for q, (there, went_to) in went.items() if there == point and went_to == site}
         completed = any(w.rank != r and _next_completed(w, point, common, held) for w in states)
         if common != site and count >= 2 * turns[point][site] and completed and \
-                not on_their_way(states, held, held[r], site) and not _its_way(nexts[r], turns, point, site):
+                not on_their_way(states, held, r, site) and not _its_way(nexts[r], turns, point, site):
             if _own_line(states, held[r], minority) and r in off_path:
                 continue  # a line of its own that is a call off the path (siblings.added_off_the_path says so)
             odd[r] = _reordered_turn(states, r, held[r], point, common, minority) or Cause(r, KINDS["mismatched"], (

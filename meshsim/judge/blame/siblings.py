@@ -134,11 +134,15 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
             call = held[r]
             part = ref.part(call.group)
             ranks = ref.ranks(part)
-            if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(inside & set(ranks)) >= len(ranks):
+            counts = ref.counts(part, exclude=inside).most_common(1)
+            # (the ranks held at the line ahead of the part's usual count: not those held there behind another
+            # culprit, one call short of it)
+            ahead = {m for m in inside & set(ranks) if not counts or held[m].seq >= counts[0][0]}
+            if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(ahead) >= len(ranks):
                 continue
             others = [m for m in ranks if m not in inside]
             if all((ref.count(m, part) or 0) <= call.seq for m in others) and \
-                    not on_their_way(states, held, call, site):
+                    not on_their_way(states, held, r, site):
                 usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
                 found[r] = Cause(r, KINDS["mismatched"], (
                     f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
@@ -148,12 +152,15 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
     return found
 
 
-def on_their_way(states: list[RankState], held: dict[int, CallBegun], call: CallBegun, site: Any) -> bool:
-    """Whether a member that has not made the call is held where the program goes on to the call's line next (a tp
-    rank 0 receiving what it then broadcasts to its partner, who waits in that broadcast already)."""
+def on_their_way(states: list[RankState], held: dict[int, CallBegun], r: int, site: Any) -> bool:
+    """Whether a member that has not made rank r's call is held where the program goes on to the call's line next,
+    in a call that does not wait for r (a tp rank 0 receiving what it then broadcasts to its partner, who waits in
+    that broadcast already)."""
+    call = held[r]
     if not isinstance(site, str):
         return False
-    before = {c.site for m, c in held.items() if m in call.ranks and c.site != site and c.site is not None}
+    before = {c.site for m, c in held.items()
+              if m in call.ranks and c.site != site and c.site is not None and r not in c.ranks}
     if not before:
         return False
     for s in states:

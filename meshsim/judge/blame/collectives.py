@@ -68,7 +68,7 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     departing = image_causes(states)  # the whole program, through the cluster's symmetries, over one group's view
     decided = {r for r, c in causes.items() if not c.candidate}
     if departing and set(departing) != decided and not (set(departing) < decided and
-                                                        _counted_extra(ref, held, decided - set(departing))):
+                                                        _counted_extra(states, ref, held, decided - set(departing))):
         causes = departing  # (the symmetries name the first culprit; a second one's extra call its counts tell)
     elif not departing and added and (set(added) < decided or not decided):
         # (where only candidates were left, the call off the path decides; of the cycle's others, a rank that
@@ -88,11 +88,14 @@ def _skipped_here(states: list[RankState], held: dict[int, CallBegun], r: int) -
                for w, call in held.items())
 
 
-def _counted_extra(ref: Reference, held: dict[int, CallBegun], ranks: set[int]) -> bool:
-    """Whether each of these ranks is held on a group whose part it made more calls on than most ranks did: it
-    added a call there, which its counts show."""
+def _counted_extra(states: list[RankState], ref: Reference, held: dict[int, CallBegun], ranks: set[int]) -> bool:
+    """Whether each of these ranks is held on a group whose part it made more calls on than most ranks did, and
+    made a call at a line no other rank reached: it added a call there, which its counts show (not ranks one call
+    ahead of a culprit that never joined them)."""
     for r in ranks:
-        if r not in held:
+        lines = {site for site, _ in states[r].call_log.values()}
+        others = {site for s in states if s.rank != r for site, _ in s.call_log.values()}
+        if r not in held or not lines - others:
             return False
         part = ref.part(held[r].group)
         counts = ref.counts(part).most_common(1)

@@ -54,6 +54,7 @@ def state_to_json(state: RankState) -> str:
     data["issued"] = [list(entry) for entry in state.issued]
     data["group_ranks"] = {k: list(v) for k, v in state.group_ranks.items()}
     data["roots"] = [[g, s, root] for (g, s), root in state.roots.items()]
+    data["vias"] = [[g, s, via] for (g, s), via in state.vias.items()]
     return json.dumps(data, default=list)
 
 
@@ -64,14 +65,15 @@ def state_from_json(rank: int, text: str) -> RankState:
         setattr(state, key, data[key])
     for key in ("call", "failed_in"):
         if data[key]:
-            kind, ranks, group, seq, context, site, sizes, root = data[key]
-            setattr(state, key, CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None, site,
-                                          sizes, root))
+            kind, ranks, group, seq, context, *rest = data[key]  # (site, sizes, root, via: CallBegun's order)
+            setattr(state, key, CallBegun(kind, tuple(ranks), group, seq, tuple(context) if context else None,
+                                          *rest))
     state.created = {k: tuple(v) for k, v in data["created"].items()}
     state.call_log = {(g, s): (step, kind) for g, s, step, kind in data["call_log"]}
     state.issued = [(g, s) for g, s in data["issued"]]
     state.group_ranks = {k: tuple(v) for k, v in data["group_ranks"].items()}
     state.roots = {(g, s): root for g, s, root in data["roots"]}
+    state.vias = {(g, s): via for g, s, via in data.get("vias", [])}
     state.meshes = [tuple(m) for m in data["meshes"]]
     return state
 

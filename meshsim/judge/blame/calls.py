@@ -84,3 +84,9 @@ def between(r: int, channel: str) -> str:
     """Whom rank r sends to or receives from on a point-to-point channel, in words."""
     src, dst, _ = channel_ends(channel) or (None, None, 0)
     return f"to rank {dst}" if src == r else f"from rank {src}"
+
+
+def own_line(states: list[RankState], r: int) -> bool:
+    """Whether rank r made a call at a line no other rank reached."""
+    others = {site for s in states if s.rank != r for site, _ in s.call_log.values()}
+    return any(site not in others for site, _ in states[r].call_log.values())

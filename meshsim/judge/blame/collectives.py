@@ -9,7 +9,7 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
 from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, SENDS, STUCK, CallBegun, channel_group
-from .calls import Blame, Cause, blocked_call, held_in, members_of, site_text
+from .calls import Blame, Cause, blocked_call, held_in, members_of, own_line, site_text
 from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
@@ -31,8 +31,6 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     stack is in torch's distributed code (where it is): each may wait in a call torch makes from C++."""
     order = StateOrder(states)
     ref = Reference(states, order.roles)
-    if len(divergent) >= len(states):  # a plan whose every rank takes its own way (a replay's) breaks no tie
-        divergent = set()
     causes, upstream = _missing(states, order, held, unseen, hidden or {})
     # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
     distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
@@ -44,7 +42,7 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                 # A skip the group's own sequence shows is the root of what else the rank did (it left, waits)
                 if cause.kind == KINDS["skipped"] or cause.rank not in causes:
                     causes[cause.rank] = cause
-    causes = _counts_refute(ref, held, causes)
+    causes = _counts_refute(states, ref, held, causes)
     if not causes and upstream:  # a send and a recv between the same ranks under different tags wait for each other
         causes.update(tag_causes(states, held))
     if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
@@ -63,7 +61,7 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     # which a second hang is read from, holds within a stage only)
     if _decided(causes) and not (in_cycle and all(causes[r] is in_cycle.get(r) for r in causes)):
         causes.update(_skipped_behind(states, order, causes))
-        causes.update(_counts_refute(ref, held, _skipped_ahead(states, order, held, causes)))
+        causes.update(_counts_refute(states, ref, held, _skipped_ahead(states, order, held, causes)))
     on_another_group(states, ref, held, causes)
     departing = image_causes(states)  # the whole program, through the cluster's symmetries, over one group's view
     decided = {r for r, c in causes.items() if not c.candidate}
@@ -93,9 +91,7 @@ def _counted_extra(states: list[RankState], ref: Reference, held: dict[int, Call
     made a call at a line no other rank reached: it added a call there, which its counts show (not ranks one call
     ahead of a culprit that never joined them)."""
     for r in ranks:
-        lines = {site for site, _ in states[r].call_log.values()}
-        others = {site for s in states if s.rank != r for site, _ in s.call_log.values()}
-        if r not in held or not lines - others:
+        if r not in held or not own_line(states, r):
             return False
         part = ref.part(held[r].group)
         counts = ref.counts(part).most_common(1)
@@ -104,10 +100,11 @@ def _counted_extra(states: list[RankState], ref: Reference, held: dict[int, Call
     return True
 
 
-def _counts_refute(ref: Reference, held: dict[int, CallBegun], causes: dict[int, Cause]) -> dict[int, Cause]:
+def _counts_refute(states: list[RankState], ref: Reference, held: dict[int, CallBegun], causes: dict[int, Cause]
+                   ) -> dict[int, Cause]:
     """Counts before order: a rank said to have skipped a call on a group, which made as many calls on its part as
-    most ranks did, while a rank held on that group made one more, did not skip it: that rank added one (a queue
-    reset's extra all_reduce that its node partners completed with their own, who went on)."""
+    most ranks did, while a rank held on that group made one more, at a line of its own, did not skip it: that rank
+    added one (a queue reset's extra all_reduce that its node partners completed with their own, who went on)."""
     kept = {}
     for r, cause in causes.items():
         if cause.kind == KINDS["skipped"] and cause.group is not None and not cause.candidate:
@@ -115,7 +112,7 @@ def _counts_refute(ref: Reference, held: dict[int, CallBegun], causes: dict[int,
             counts = ref.counts(part).most_common(1)
             usual = counts[0][0] if counts else None
             more = [w for w, call in held.items() if call.group == cause.group and usual is not None
-                    and (ref.count(w, part) or 0) > usual]
+                    and (ref.count(w, part) or 0) > usual and own_line(states, w)]
             if more and ref.count(r, part) == usual:
                 continue
         kept[r] = cause

@@ -22,7 +22,7 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
 from ...core.wire import FINISHED, CallBegun
-from .calls import Cause, held_in, site_text
+from .calls import Cause, held_in, own_line, site_text
 from .parts import Reference
 
 AMBIGUOUS = object()  # a departure that fits a skip and an added call equally: the group's own evidence decides
@@ -135,10 +135,13 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
             part = ref.part(call.group)
             ranks = ref.ranks(part)
             counts = ref.counts(part, exclude=inside).most_common(1)
-            # (the ranks held at the line ahead of the part's usual count: not those held there behind another
-            # culprit, one call short of it)
-            ahead = {m for m in inside & set(ranks) if not counts or held[m].seq >= counts[0][0]}
-            if len({ref.group_of[part][m] for m in ranks}) < 2 or 2 * len(ahead) >= len(ranks):
+            # (a minority of the part, unless the rank made more calls than the part usually did, one at a line
+            # of its own: ranks held at its line behind another culprit do not make it the program's)
+            usual = counts[0][0] if counts else None
+            extra = usual is not None and (ref.count(r, part) or 0) > usual and own_line(states, r) and all(
+                (ref.count(m, part) or 0) <= usual for m in inside & set(ranks) if m != r)
+            if len({ref.group_of[part][m] for m in ranks}) < 2 or (2 * len(inside & set(ranks)) >= len(ranks)
+                                                                   and not extra):
                 continue
             others = [m for m in ranks if m not in inside]
             if all((ref.count(m, part) or 0) <= call.seq for m in others) and \

@@ -14,7 +14,7 @@ from ...core.record import RankState
 from ...core.wire import CallBegun, channel_ends
 from .calls import Cause, between, site_text
 from .parts import StateOrder
-from .siblings import added_off_the_path, on_their_way
+from .siblings import added_off_the_path, group_members, on_their_way
 
 
 def lone_channels(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
@@ -57,7 +57,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
     for another such rank is held up by it. Pipelines only (a wait on a channel, or on a pair no mesh dim made):
     the ranks of a mesh dim's groups make the same calls, which the sibling rules compare."""
     if not any(channel_ends(c.group) is not None or (
-            order.roles.get(c.group, ("",))[0] != "dim" and len(_group_members(states, c.group)) == 2)
+            order.roles.get(c.group, ("",))[0] != "dim" and len(group_members(states, c.group)) == 2)
             for c in held.values()):
         return {}
     turns: dict[tuple[Any, int], Counter[Any]] = {}
@@ -86,7 +86,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
         completed = any(w.rank != r and _next_completed(w, point, common, held) for w in states)
         if common != site and count >= 2 * turns[point][site] and completed and \
                 not on_their_way(states, held, r, site) and not _its_way(nexts[r], turns, point, site):
-            if _own_line(states, held[r], minority) and r in off_path:
+            if _held_at_own_line(states, held[r], minority) and r in off_path:
                 continue  # a line of its own that is a call off the path (siblings.added_off_the_path says so)
             odd[r] = _reordered_turn(states, r, held[r], point, common, minority) or Cause(r, KINDS["mismatched"], (
                 f"rank {r} waits in {held[r].kind} #{held[r].seq} at {site_text(site)}, where after their call "
@@ -105,7 +105,7 @@ def _its_way(mine: dict[tuple[Any, int], Any], turns: dict[tuple[Any, int], Coun
     return bool(earlier) and all(mine[p] == site and turns[p].most_common(1)[0][0] != site for p in earlier)
 
 
-def _own_line(states: list[RankState], held: CallBegun, minority: set[int]) -> bool:
+def _held_at_own_line(states: list[RankState], held: CallBegun, minority: set[int]) -> bool:
     return not any(site == held.site for s in states if s.rank not in minority for site, _ in s.call_log.values())
 
 
@@ -114,17 +114,12 @@ def _reordered_turn(states: list[RankState], r: int, held: CallBegun, point: tup
     """Rank r's cause where its line is its own (no rank that went the others' way made a call there): it made
     that call first, where the others go on to theirs, the two in another order (a writer's barrier before the
     pair all_reduce, a loss report sent before the backward)."""
-    if not _own_line(states, held, minority):
+    if not _held_at_own_line(states, held, minority):
         return None
     return Cause(r, KINDS["reordered"], (
         f"rank {r} waits in {held.kind} #{held.seq} at {site_text(held.site)}, a line of its own, where after their "
         f"call #{point[1]} at {site_text(point[0])} the others went on to {site_text(common)} and completed it: it "
         "makes its call there first, in another order than theirs"), held.group, held.seq)
-
-
-def _group_members(states: list[RankState], group: str) -> list[int]:
-    return sorted({s.rank for s in states if group in s.calls_on} |
-                  {m for s in states for m in s.created.get(group, ())})
 
 
 def _next_completed(state: RankState, point: tuple[Any, int], site: Any, held: dict[int, CallBegun]) -> bool:

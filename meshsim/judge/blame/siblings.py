@@ -228,7 +228,7 @@ def on_another_group(states: list[RankState], ref: Reference, held: dict[int, Ca
             waiting = sorted(w for w, c in held.items() if (c.group, c.seq) == (call.group, call.seq))
             causes[r] = Cause(r, KINDS["mismatched"], (
                 f"rank {r} made {made[1]} at {site_text(made[0])} on {ref.describe(ref.part(cause.group))} (group "
-                f"{group_text(_members(states, cause.group))}) where its peers make it on "
+                f"{group_text(group_members(states, cause.group))}) where its peers make it on "
                 f"{ref.describe(ref.part(call.group))}: rank{'s' if len(waiting) > 1 else ''} {ranks_text(waiting)} "
                 f"wait{'' if len(waiting) > 1 else 's'} for it in {call.kind} #{call.seq} on group "
                 f"{group_text(call.ranks)}"), call.group, call.seq)
@@ -243,6 +243,7 @@ def _position(state: RankState, group: str, seq: int) -> int | None:
         return None
 
 
-def _members(states: list[RankState], group: str) -> list[int]:
+def group_members(states: list[RankState], group: str) -> list[int]:
+    """The ranks that called on a group or created it."""
     return sorted({s.rank for s in states if group in s.calls_on} |
                   {m for s in states for m in s.created.get(group, ())})

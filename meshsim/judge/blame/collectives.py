@@ -93,9 +93,7 @@ def _counted_extra(states: list[RankState], ref: Reference, held: dict[int, Call
     for r in ranks:
         if r not in held or not own_line(states, r):
             return False
-        part = ref.part(held[r].group)
-        counts = ref.counts(part).most_common(1)
-        if not counts or (ref.count(r, part) or 0) <= counts[0][0]:
+        if not ref.made_more(r, ref.part(held[r].group)):
             return False
     return True
 
@@ -109,11 +107,9 @@ def _counts_refute(states: list[RankState], ref: Reference, held: dict[int, Call
     for r, cause in causes.items():
         if cause.kind == KINDS["skipped"] and cause.group is not None and not cause.candidate:
             part = ref.part(cause.group)
-            counts = ref.counts(part).most_common(1)
-            usual = counts[0][0] if counts else None
-            more = [w for w, call in held.items() if call.group == cause.group and usual is not None
-                    and (ref.count(w, part) or 0) > usual and own_line(states, w)]
-            if more and ref.count(r, part) == usual:
+            more = [w for w, call in held.items()
+                    if call.group == cause.group and ref.made_more(w, part) and own_line(states, w)]
+            if more and ref.count(r, part) == ref.usual(part):
                 continue
         kept[r] = cause
     return kept

@@ -198,6 +198,17 @@ class Reference:
         """How many calls the part's ranks (but `exclude`) made on their groups of it."""
         return Counter(c for r in self.ranks(part, exclude) if (c := self.count(r, part)) is not None)
 
+    def usual(self, part: Any, exclude: Iterable[int] = ()) -> int | None:
+        """How many calls most of the part's ranks (but `exclude`) made on their groups of it; None where none
+        has a group of the part."""
+        top = self.counts(part, exclude).most_common(1)
+        return top[0][0] if top else None
+
+    def made_more(self, rank: int, part: Any, exclude: Iterable[int] = ()) -> bool:
+        """Whether the rank made more calls on its group of the part than most of the part's ranks did."""
+        usual = self.usual(part, exclude)
+        return usual is not None and (self.count(rank, part) or 0) > usual
+
     def describe(self, part: Any) -> str:
         if isinstance(part, tuple) and part and part[0] == "dim":
             return f"mesh dim {part[1]!r}"

@@ -83,7 +83,9 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
     for r, (point, site) in sorted(went.items()):
         common, count = turns[point].most_common(1)[0]
         minority = {q for q, (there, went_to) in went.items() if there == point and went_to == site}
-        completed = any(w.rank != r and _next_completed(w, point, common, held) for w in states)
+        # (a rank whose next call there is the one it is held in has not completed it)
+        completed = any(w != r and theirs.get(point) == common and went.get(w, (None,))[0] != point
+                        for w, theirs in nexts.items())
         if common != site and count >= 2 * turns[point][site] and completed and \
                 not on_their_way(states, held, r, site) and not _its_way(nexts[r], turns, point, site):
             if _held_at_own_line(states, held[r], minority) and r in off_path:
@@ -120,20 +122,6 @@ def _reordered_turn(states: list[RankState], r: int, held: CallBegun, point: tup
         f"rank {r} waits in {held.kind} #{held.seq} at {site_text(held.site)}, a line of its own, where after their "
         f"call #{point[1]} at {site_text(point[0])} the others went on to {site_text(common)} and completed it: it "
         "makes its call there first, in another order than theirs"), held.group, held.seq)
-
-
-def _next_completed(state: RankState, point: tuple[Any, int], site: Any, held: dict[int, CallBegun]) -> bool:
-    """Whether the rank's call after its n-th at a line was at `site` and is not the one it is held in."""
-    n = 0
-    for i, key in enumerate(state.issued[:-1]):
-        if state.call_log.get(key, (None, None))[0] == point[0]:
-            n += 1
-            if n == point[1]:
-                after = state.issued[i + 1]
-                call = held.get(state.rank)
-                return state.call_log.get(after, (None, None))[0] == site and (
-                    call is None or (call.group, call.seq) != after)
-    return False
 
 
 def mispaired(states: list[RankState], held: dict[int, CallBegun],

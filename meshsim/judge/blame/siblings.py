@@ -134,19 +134,17 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
             call = held[r]
             part = ref.part(call.group)
             ranks = ref.ranks(part)
-            counts = ref.counts(part, exclude=inside).most_common(1)
             # (a minority of the part, unless the rank made more calls than the part usually did, one at a line
             # of its own: ranks held at its line behind another culprit do not make it the program's)
-            usual = counts[0][0] if counts else None
-            extra = usual is not None and (ref.count(r, part) or 0) > usual and own_line(states, r) and all(
-                (ref.count(m, part) or 0) <= usual for m in inside & set(ranks) if m != r)
+            extra = ref.made_more(r, part, exclude=inside) and own_line(states, r) and not any(
+                ref.made_more(m, part, exclude=inside) for m in inside & set(ranks) if m != r)
             if len({ref.group_of[part][m] for m in ranks}) < 2 or (2 * len(inside & set(ranks)) >= len(ranks)
                                                                    and not extra):
                 continue
             others = [m for m in ranks if m not in inside]
             if all((ref.count(m, part) or 0) <= call.seq for m in others) and \
                     not on_their_way(states, held, r, site):
-                usual = ref.counts(part, exclude=inside).most_common(1)[0][0]
+                usual = ref.usual(part, exclude=inside) or 0
                 found[r] = Cause(r, KINDS["mismatched"], (
                     f"rank {r} added a call the others do not make: {call.kind} #{call.seq} on group "
                     f"{group_text(call.ranks)} at {site_text(site)}{', a line no other rank reached,' if alone else ''}"

@@ -68,6 +68,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     if departing and set(departing) != decided and not (set(departing) < decided and
                                                         _counted_extra(states, ref, held, decided - set(departing))):
         causes = departing  # (the symmetries name the first culprit; a second one's extra call its counts tell)
+    elif departing and set(departing) == decided and all(causes[r] is in_cycle.get(r) for r in decided):
+        causes = departing  # (a cycle's pattern agrees: the whole program's view says more than one pair's)
     elif not departing and added and (set(added) < decided or not decided):
         # (where only candidates were left, the call off the path decides; of the cycle's others, a rank that
         # does not wait for the call's makers departs on its own: a second culprit, as a skip on another host)

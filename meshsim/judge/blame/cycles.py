@@ -159,7 +159,8 @@ def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
     (a broadcast with two roots; gloo's dumps record no root). Where one member makes it at a line at which no call
     of the run ever completed, and its partner at a line whose call completed on this very pair before (a stage
     sending on the wrong link, its neighbour sending the next gradient as it did the last), the first is off the
-    pattern; the partner repeats a step the link ran."""
+    pattern; the partner repeats a step the link ran, or makes the call the other stages make there (held at that
+    line on their own pairs)."""
     completed = {site for s in states for (group, q), (site, _) in s.call_log.items()
                  if site is not None and _held_at(held, s.rank, group) != q}
     found: dict[int, Cause] = {}
@@ -172,13 +173,26 @@ def crossed_pair(states: list[RankState], held: dict[int, CallBegun],
         theirs = states[partner].call_log.get((call.group, call.seq), (None, None))[0]
         ran_here = any(site == theirs for (group, q), (site, _) in states[partner].call_log.items()
                        if group == call.group and q < call.seq)
-        if mine is not None and theirs is not None and mine != theirs and mine not in completed and ran_here:
+        if mine is None or theirs is None or mine == theirs or mine in completed:
+            continue
+        if ran_here or _the_others_line(states, theirs, mine, {r, partner}):
+            why = "whose call completed on this pair before" if ran_here else \
+                f"at which other ranks call too, where no other rank called at rank {r}'s"
             found[r] = Cause(r, KINDS["mismatched"], (
                 f"rank {r} waits in {call.kind} #{call.seq} on its pair {group_text(ranks)} at {site_text(mine)}, a "
                 f"line at which no call of the run ever completed, while rank {partner} waits with it in that very "
-                f"call at {site_text(theirs)}, a line whose call completed on this pair before: the two calls do not "
-                f"match (two roots of a broadcast, say), and rank {r}'s is off the pattern"), call.group, call.seq)
+                f"call at {site_text(theirs)}, a line {why}: the two calls do not match (two roots of a broadcast, "
+                f"say), and rank {r}'s is off the pattern"), call.group, call.seq)
     return found if found and 2 * len(found) < len(states) else {}
+
+
+def _the_others_line(states: list[RankState], theirs: Any, mine: Any, pair: set[int]) -> bool:
+    """Whether two ranks or more outside the pair made a call at the partner's line (held or completed), and none at
+    the rank's (every middle stage held in its first backward receive, where one stage receives at a line of its
+    own)."""
+    callers = {s.rank for s in states if s.rank not in pair for site, _ in s.call_log.values() if site == theirs}
+    return len(callers) >= 2 and not any(site == mine for s in states if s.rank not in pair
+                                         for site, _ in s.call_log.values())
 
 
 def _same_end(mine: dict[int, str], theirs: dict[int, str], offset: int) -> bool:

@@ -294,7 +294,7 @@ def _odd_stages(held: dict[int, CallBegun], cycle: set[int], shapes: dict[int, A
                 f"{site_text(call.site)}, {_said(shape)}, where ranks {ranks_text(others)} of the cycle wait "
                 f"{_said(usual)}: the one stage that waits on another peer (a first stage receiving from the "
                 f"wrap-around one, where every other stage receives from the stage before it), and ranks "
-                f"{ranks_text(sorted(cycle))} wait behind it"), call.group, call.seq)
+                f"{ranks_text(sorted(cycle - {r}))} wait behind it"), call.group, call.seq)
     return found
 
 
@@ -319,7 +319,7 @@ def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[in
         text = (f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
                 f"{site_text(call.site)}, {_said(mine)}, where rank{'s' if len(others) > 1 else ''} "
                 f"{ranks_text(others)} call there {_said(usual)}: its call does not fit the pattern its siblings "
-                f"follow, and ranks {ranks_text(sorted(cycle))} wait behind it")
+                f"follow, and ranks {ranks_text(sorted(cycle - {r}))} wait behind it")
         if usual[0] in PARTS and mine[0] in (*PARTS, "group"):  # not the part its siblings call on: the wrong group
             waited = _waited_on(states, held, r, {g for g, role in roles.items() if role == usual}) or call
             found[r] = Cause(r, KINDS["mismatched"], text + (

@@ -14,6 +14,9 @@ with its images': the first position where the two differ is where one of them d
 - Where a rank has one image only (two pipelines, two hosts), the side whose call at the first difference never
   completed, or completed with partners that named another root (gloo lets such a broadcast through), departs,
   where its image's call completed with its partners as one call: that is what the program makes there.
+- Where a departing rank's images make a send or receive at a line it never called at (a first stage, which
+  receives nothing, against the shifts of a pipeline whose last stage sends round to it), its part of the program
+  may simply lack that line: this rule says nothing.
 - Anything else (both sides held, no symmetry, groups whose members the record does not know): this rule says
   nothing, and the group-by-group rules decide.
 """
@@ -59,7 +62,7 @@ def image_causes(states: list[RankState]) -> dict[int, Cause]:
     if not differences:
         return {}
     departing = _by_majority(states, differences) or _by_completion(states, differences)
-    if not departing:
+    if not departing or any(_a_part_apart(states, r, differences[r]) for r in departing):
         return {}
     return {r: _cause(states, traces, r, differences[r]) for r in sorted(departing)}
 
@@ -302,6 +305,19 @@ def _cause(states: list[RankState], traces: list[list[Call]], r: int, diffs: lis
         group, seq = expected, state.calls_on.get(expected, 0)
     return Cause(r, how[0], f"rank {r} made {made} as its call {at + 1}, where {theirs} {make} {usual}{how[1]}",
                  group, seq)
+
+
+def _a_part_apart(states: list[RankState], r: int, diffs: list[Difference]) -> bool:
+    """Whether rank r's images, where it departs, make a send or receive at a line r never made a call at: a
+    pipeline's first stage, which never receives, under a shift that takes a last stage sending round to it for
+    a ring's. Its part of the program may have no such line; the images cannot tell it from a skip."""
+    at = Counter(d.at for d in diffs if d.at is not None).most_common(1)[0][0]
+    image = states[next(d.image for d in diffs if d.at == at)]
+    if at >= len(image.issued) or at >= len(states[r].issued):
+        return False
+    site, kind = image.call_log[image.issued[at]]
+    return kind in POINT_TO_POINT and site is not None and all(
+        mine != site for mine, _ in states[r].call_log.values())
 
 
 def _usual(states: list[RankState], traces: list[list[Call]], d: Difference, at: int

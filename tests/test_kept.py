@@ -144,3 +144,16 @@ def test_a_rank_keeps_at_most_so_many_transports_and_forgets_the_least_recently_
         forgot = keeper.after([_state(0, {key: 1})] + others)
     assert forgot == (keys[0],)
     assert sorted(keeper.used) == keys[1:]
+
+
+def test_a_rank_keeps_no_more_sockets_to_other_members_than_its_budget(monkeypatch):
+    import meshsim.run.transports as transports
+
+    monkeypatch.setattr(transports, "PEERS_AT_MOST", 4)  # (256 in use: a 1024-file limit holds a 16-rank world's)
+    keeper = Keeper(1)
+    keys = [((0, 1, 2), 60.0), ((0, 2, 3), 60.0), ((0, 1, 3), 60.0)]  # two sockets each for rank 0
+    for key in keys:
+        others = [_state(r, {key: 1} if r in key[0] else {}) for r in range(1, 4)]
+        forgot = keeper.after([_state(0, {key: 1})] + others)
+    assert forgot == (keys[0],)
+    assert sorted(keeper.used) == sorted(keys[1:])

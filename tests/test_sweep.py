@@ -93,3 +93,34 @@ def test_shrinking_a_hang_stops_at_its_budget_and_says_so(tmp_path):
     assert "shrinking stopped at its budget of 1 s" in out.stdout
     assert "shrinking:" in out.stderr  # a log, not a live bar, still hears about the shrink
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_long_plan_on_the_thread_tier_gets_the_time_its_length_needs_and_other_tiers_keep_their_deadline(
+        monkeypatch):
+    from meshsim.core import deadlines
+    from meshsim.spec.plan import Plan
+    from meshsim.sweep import loop
+
+    waits = []
+
+    class Passed:
+        passed = True
+
+    def check(cluster, plan, wait, **_):
+        waits.append(wait)
+        return Passed()
+
+    monkeypatch.setattr(loop, "check", check)
+    monkeypatch.setattr(loop, "_count", lambda *_: None)
+    plan = Plan(tuple(_steps(37)))
+    for tier, world in (("thread", 64), ("process", 8)):
+        cluster = type("Stub", (), {"tier": tier, "world": world, "deadline": 12.0, "topology": None})()
+        loop._Sweep(cluster, 12.0, False, 3.0, 10.0, None, []).attempt(plan)
+    assert waits == [deadlines.THREAD_S_PER_RANK_STEP * 64 * 37, 12.0]
+    assert deadlines.for_plan("thread", 64, 1, 12.0) == 12.0  # a short plan keeps the world's default
+
+
+def _steps(n):
+    from meshsim.spec.plan import Step
+
+    return [Step("barrier", {}) for _ in range(n)]

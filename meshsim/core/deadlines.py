@@ -33,6 +33,10 @@ PROCESS_S_PER_RANK = 0.5  # beyond the first 8 processes on 2 cores
 THREAD_S_PER_RANK_SQUARED = 0.0005  # 512 ranks: 131 s more; 1,024 ranks: 524 s more
 FAKE_S_PER_THOUSAND = 2.0  # the fake tier's deadline is per rank (one process plays them in turn)
 START_S_PER_THREAD = 0.5  # a thread rank joining the world
+# A generated plan's step on the thread tier, a rank: the ranks take turns, so a long plan outgrows the world's
+# default (a 37-step DTensor plan at 64 ranks: 23 s on a quiet 2-core machine, about 0.01 s a rank a step; under
+# load, three times that; its 12 s deadline had been saved by the progress grace, until a loaded CI missed it)
+THREAD_S_PER_RANK_STEP = 0.03
 
 MIN_S = 1.0  # shorter cannot tell a hang from a plan that is merely slow on a loaded 2-core machine
 MAX_S = 86_400.0  # a day: longer is a typo, and torch's timedelta arithmetic overflows far beyond it
@@ -64,6 +68,13 @@ def plan(tier: str, world: int, base: float = PLAN_S) -> float:
     else:
         extra = 0.0
     return min(MAX_S, base + extra)
+
+
+def for_plan(tier: str, world: int, steps: int, deadline: float) -> float:
+    """A plan's deadline on a tier: `deadline`, or on the thread tier at least what its length needs there."""
+    if tier != "thread":
+        return deadline
+    return min(MAX_S, max(deadline, THREAD_S_PER_RANK_STEP * world * steps))
 
 
 def expected_hang(tier: str, world: int) -> float:

@@ -198,7 +198,9 @@ class _Sweep:
         """Run `plan` against the model (it predicts while the ranks run), count it, and remember it when it fails.
         A plan the model says hangs gets the shorter deadline; while a hang is shrunk, every candidate does."""
         shrink = self.shrink
-        wait = self.deadline if shrink.hang_wait is None else min(self.deadline, shrink.hang_wait)
+        cluster = self.cluster
+        wait = deadlines.for_plan(getattr(cluster, "tier", "process"), cluster.world, len(plan), self.deadline) \
+            if shrink.hang_wait is None else min(self.deadline, shrink.hang_wait)
         text = plan.to_json()
         key = (text, wait, self.strict) if text in self.matrix else None
         result = self.passed.get(key) if key is not None else None

@@ -17,7 +17,8 @@ report each transport's sequence number (torch counts every collective a backend
 the end of each plan, and the controller keeps the transports only where the members' counts agree and every
 rank finished with nothing in flight (`keep`); otherwise every rank forgets them all, which destroys them as
 destroying their groups used to. A rank keeps at most KEEP_AT_MOST transports (each one's socket loop wakes a
-hundred times a second); the controller forgets the least recently used beyond, on every member alike.
+hundred times a second), with at most PEERS_AT_MOST sockets to other members among them; the controller forgets
+the least recently used beyond, on every member alike.
 """
 
 from __future__ import annotations

@@ -86,6 +86,11 @@ def between(r: int, channel: str) -> str:
     return f"to rank {dst}" if src == r else f"from rank {src}"
 
 
+def reached_only_by(states: list[RankState], site: Any, inside: set[int]) -> bool:
+    """No rank but these made a call at this line (or plan step)."""
+    return not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
+
+
 def own_line(states: list[RankState], r: int) -> bool:
     """Whether rank r made a call at a line no other rank reached."""
     others = {site for s in states if s.rank != r for site, _ in s.call_log.values()}

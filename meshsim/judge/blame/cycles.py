@@ -17,7 +17,7 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
 from ...core.wire import CallBegun, channel_ends
-from .calls import Cause, between, site_text
+from .calls import Cause, between, reached_only_by, site_text
 from .parts import StateOrder
 from .pipelines import lone_channels, mispaired, off_the_common_turn
 
@@ -191,8 +191,7 @@ def _the_others_line(states: list[RankState], theirs: Any, mine: Any, pair: set[
     the rank's (every middle stage held in its first backward receive, where one stage receives at a line of its
     own)."""
     callers = {s.rank for s in states if s.rank not in pair for site, _ in s.call_log.values() if site == theirs}
-    return len(callers) >= 2 and not any(site == mine for s in states if s.rank not in pair
-                                         for site, _ in s.call_log.values())
+    return len(callers) >= 2 and reached_only_by(states, mine, pair)
 
 
 def _same_end(mine: dict[int, str], theirs: dict[int, str], offset: int) -> bool:

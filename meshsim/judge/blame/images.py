@@ -282,10 +282,8 @@ def _completed(state: RankState, at: int) -> bool:
 def _cause(states: list[RankState], traces: list[list[Call]], r: int, diffs: list[Difference]) -> Cause:
     """What rank r did where it departs, against its images' call there, in words; the cause names the call its
     peers wait in for it (the one it skipped, or made on another group), or the call it added."""
-    differing = [d for d in diffs if d.at is not None]
-    at = Counter(d.at for d in differing if d.at is not None).most_common(1)[0][0]
-    d = next(d for d in differing if d.at == at)
-    images = sorted({d.image for d in differing if d.at == at})
+    at, d = _where(diffs)
+    images = sorted({d.image for d in diffs if d.at == at})
     several = len(images) > 1
     theirs = (f"rank{'s' if several else ''} {ranks_text(images)} (its image{'s' if several else ''} under the "
               f"cluster's symmetries, which run{'' if several else 's'} its part of the program)")
@@ -307,12 +305,18 @@ def _cause(states: list[RankState], traces: list[list[Call]], r: int, diffs: lis
                  group, seq)
 
 
+def _where(diffs: list[Difference]) -> tuple[int, Difference]:
+    """Where rank r departs (the position most of its differing images name) and one image that names it."""
+    at = Counter(d.at for d in diffs if d.at is not None).most_common(1)[0][0]
+    return at, next(d for d in diffs if d.at == at)
+
+
 def _a_part_apart(states: list[RankState], r: int, diffs: list[Difference]) -> bool:
     """Whether rank r's images, where it departs, make a send or receive at a line r never made a call at: a
     pipeline's first stage, which never receives, under a shift that takes a last stage sending round to it for
     a ring's. Its part of the program may have no such line; the images cannot tell it from a skip."""
-    at = Counter(d.at for d in diffs if d.at is not None).most_common(1)[0][0]
-    image = states[next(d.image for d in diffs if d.at == at)]
+    at, d = _where(diffs)
+    image = states[d.image]
     if at >= len(image.issued) or at >= len(states[r].issued):
         return False
     site, kind = image.call_log[image.issued[at]]

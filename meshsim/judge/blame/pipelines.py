@@ -12,7 +12,7 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text
 from ...core.record import RankState
 from ...core.wire import CallBegun, channel_ends
-from .calls import Cause, between, site_text
+from .calls import Cause, between, reached_only_by, site_text
 from .parts import StateOrder
 from .siblings import added_off_the_path, group_members, on_their_way
 
@@ -88,7 +88,7 @@ def off_the_common_turn(states: list[RankState], held: dict[int, CallBegun], ord
                         for w, theirs in nexts.items())
         if common != site and count >= 2 * turns[point][site] and completed and \
                 not on_their_way(states, held, r, site) and not _its_way(nexts[r], turns, point, site):
-            if _held_at_own_line(states, held[r], minority) and r in off_path:
+            if reached_only_by(states, held[r].site, minority) and r in off_path:
                 continue  # a line of its own that is a call off the path (siblings.added_off_the_path says so)
             odd[r] = _reordered_turn(states, r, held[r], point, common, minority) or Cause(r, KINDS["mismatched"], (
                 f"rank {r} waits in {held[r].kind} #{held[r].seq} at {site_text(site)}, where after their call "
@@ -107,16 +107,12 @@ def _its_way(mine: dict[tuple[Any, int], Any], turns: dict[tuple[Any, int], Coun
     return bool(earlier) and all(mine[p] == site and turns[p].most_common(1)[0][0] != site for p in earlier)
 
 
-def _held_at_own_line(states: list[RankState], held: CallBegun, minority: set[int]) -> bool:
-    return not any(site == held.site for s in states if s.rank not in minority for site, _ in s.call_log.values())
-
-
 def _reordered_turn(states: list[RankState], r: int, held: CallBegun, point: tuple[Any, int], common: Any,
                     minority: set[int]) -> Cause | None:
     """Rank r's cause where its line is its own (no rank that went the others' way made a call there): it made
     that call first, where the others go on to theirs, the two in another order (a writer's barrier before the
     pair all_reduce, a loss report sent before the backward)."""
-    if not _held_at_own_line(states, held, minority):
+    if not reached_only_by(states, held.site, minority):
         return None
     return Cause(r, KINDS["reordered"], (
         f"rank {r} waits in {held.kind} #{held.seq} at {site_text(held.site)}, a line of its own, where after their "

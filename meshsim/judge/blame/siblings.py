@@ -22,7 +22,7 @@ from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
 from ...core.wire import FINISHED, CallBegun
-from .calls import Cause, held_in, own_line, site_text
+from .calls import Cause, held_in, own_line, reached_only_by, site_text
 from .parts import Reference
 
 AMBIGUOUS = object()  # a departure that fits a skip and an added call equally: the group's own evidence decides
@@ -129,7 +129,7 @@ def added_alone(states: list[RankState], ref: Reference, held: dict[int, CallBeg
     found: dict[int, Cause] = {}
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        alone = _reached_only_by(states, site, inside)
+        alone = reached_only_by(states, site, inside)
         for r in sorted(inside):
             call = held[r]
             part = ref.part(call.group)
@@ -182,7 +182,7 @@ def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> d
     held_at = Counter(c.site for c in held.values())
     for site in sorted({c.site for c in held.values() if c.site is not None}, key=repr):
         inside = {r for r, c in held.items() if c.site == site}
-        if 2 * len(inside) > world or not _reached_only_by(states, site, inside):
+        if 2 * len(inside) > world or not reached_only_by(states, site, inside):
             continue
         passed = {entry[0] for r in inside for entry in states[r].call_log.values()}
         for r in sorted(inside):
@@ -195,11 +195,6 @@ def added_off_the_path(states: list[RankState], held: dict[int, CallBegun]) -> d
                     f"{group_text(call.ranks)} at {site_text(site)}, a line no other rank reached, while ranks "
                     f"{ranks_text(waited)} it waits for are held where the others are"), call.group, call.seq)
     return found
-
-
-def _reached_only_by(states: list[RankState], site: Any, inside: set[int]) -> bool:
-    """No rank but these made a call at this line (or plan step)."""
-    return not any(entry[0] == site for s in states if s.rank not in inside for entry in s.call_log.values())
 
 
 def on_another_group(states: list[RankState], ref: Reference, held: dict[int, CallBegun],

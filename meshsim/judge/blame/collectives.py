@@ -13,7 +13,7 @@ from .calls import Blame, Cause, blocked_call, held_in, members_of, own_line, si
 from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
-from .siblings import added_alone, added_off_the_path, by_siblings, ended_without, on_another_group
+from .siblings import added_alone, added_not_skipped, added_off_the_path, by_siblings, ended_without, on_another_group
 from .tags import tag_causes
 
 
@@ -32,6 +32,7 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     order = StateOrder(states)
     ref = Reference(states, order.roles)
     causes, upstream = _missing(states, order, held, unseen, hidden or {})
+    added_not_skipped(states, ref, held, causes)
     # each call once, however many ranks wait in it (sorted by what identifies it: sites are ints or strings)
     distinct = {(c.group, c.seq, c.kind, c.ranks): c for c in held.values()}
     for call in (distinct[k] for k in sorted(distinct)):
@@ -70,9 +71,11 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
         causes = departing  # (the symmetries name the first culprit; a second one's extra call its counts tell)
     elif departing and set(departing) == decided and all(causes[r] is in_cycle.get(r) for r in decided):
         causes = departing  # (a cycle's pattern agrees: the whole program's view says more than one pair's)
-    elif not departing and added and (set(added) < decided or not decided):
+    elif not departing and added and (set(added) < decided or not decided
+                                      or set(added) == decided and _went_round_without(states, held, added)):
         # (where only candidates were left, the call off the path decides; of the cycle's others, a rank that
-        # does not wait for the call's makers departs on its own: a second culprit, as a skip on another host)
+        # does not wait for the call's makers departs on its own: a second culprit, as a skip on another host;
+        # where the cycle names the same ranks, their count says more than the order of two calls)
         causes = {**{r: c for r, c in causes.items() if r in decided and r in held and r not in added
                      and not set(held[r].ranks) & set(added) and _skipped_here(states, held, r)}, **added}
     else:
@@ -86,6 +89,19 @@ def _skipped_here(states: list[RankState], held: dict[int, CallBegun], r: int) -
     passed = {site for site, _ in states[r].call_log.values()}
     return any(r in call.ranks and r != w and call.site in passed and states[r].calls_on.get(call.group, 0) <= call.seq
                for w, call in held.items())
+
+
+def _went_round_without(states: list[RankState], held: dict[int, CallBegun], added: dict[int, Cause]) -> bool:
+    """Whether each rank said to have added a call had made a call before at the line where the members it waits
+    for are held, and they never called on the group of its call: the program went through that line without the
+    call, so the call is one more (an EMA sync when its own sample clock crosses), not their next call taken early
+    (two groups' calls taken in the other order, on groups each rank calls every step)."""
+    for r in added:
+        passed = {site for site, _ in states[r].call_log.values()}
+        waited = [m for m in held[r].ranks if m in held and m != r]
+        if not waited or any(held[m].site not in passed or states[m].calls_on.get(held[r].group, 0) for m in waited):
+            return False
+    return True
 
 
 def _counted_extra(states: list[RankState], ref: Reference, held: dict[int, CallBegun], ranks: set[int]) -> bool:

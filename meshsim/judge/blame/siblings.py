@@ -240,3 +240,49 @@ def group_members(states: list[RankState], group: str) -> list[int]:
     """The ranks that called on a group or created it."""
     return sorted({s.rank for s in states if group in s.calls_on} |
                   {m for s in states for m in s.created.get(group, ())})
+
+
+def added_not_skipped(states: list[RankState], ref: Reference, held: dict[int, CallBegun],
+                      causes: dict[int, Cause]) -> None:
+    """A rank said to have skipped a call because it waits in a later one did not skip it where its partners made
+    that later call at another line and no rank but those held with it reached its line: it added that call (an
+    image adapter's all_reduce on the cp group, which its cp partner's next all_gather meets), or made it on another
+    group than the one its peers call at that point of their program (which the cause says)."""
+    for m, cause in list(causes.items()):
+        call = held.get(m)
+        if cause.kind != KINDS["skipped"] or cause.candidate or call is None or call.site is None or \
+                (cause.group, cause.seq) == (call.group, call.seq):
+            continue
+        there = {r for r, c in held.items() if c.site == call.site}
+        theirs = [e for p in call.ranks if p < len(states) and p not in there
+                  and (e := states[p].call_log.get((call.group, call.seq))) is not None]
+        if not theirs or any(e[0] == call.site for e in theirs) or not reached_only_by(states, call.site, there):
+            continue
+        part = ref.part(call.group)
+        text = (f"rank {m} added a call the others do not make: {call.kind} #{call.seq} on group "
+                f"{group_text(call.ranks)} ({ref.describe(part)}) at {site_text(call.site)}, a line no other rank "
+                f"reached, where its partners make {theirs[0][1]} (at {site_text(theirs[0][0])})")
+        usual = _peers_call_there(states, ref, m, there)
+        if usual is not None and usual[1] == call.kind and usual[2] != part:
+            text += (f"; at this point of their program its peers make {usual[1]} on {ref.describe(usual[2])} (at "
+                     f"{site_text(usual[0])}): it called on another group than theirs, or made a call they do not")
+        causes[m] = Cause(m, KINDS["mismatched"], text, call.group, call.seq)
+
+
+def _peers_call_there(states: list[RankState], ref: Reference, r: int, apart: set[int]) -> tuple[Any, str, Any] | None:
+    """The call (site, kind, part) most ranks that made the same calls as rank r up to its held one make next,
+    where r made its held call; None where none did."""
+    mine = states[r].issued
+    position = len(mine) - 1
+    path = [(states[r].call_log.get(key, (None, None)), ref.part(key[0])) for key in mine[:position]]
+    votes: Counter[tuple[Any, str, Any]] = Counter()
+    for s in states:
+        if s.rank in apart or len(s.issued) <= position:
+            continue
+        if [(s.call_log.get(key, (None, None)), ref.part(key[0])) for key in s.issued[:position]] != path:
+            continue
+        key = s.issued[position]
+        site, kind = s.call_log.get(key, (None, "?"))
+        votes[(site, kind, ref.part(key[0]))] += 1
+    top = votes.most_common(1)
+    return top[0][0] if top else None

@@ -84,6 +84,7 @@ CASES = [
     ("pp_uneven_layers_last_stage", (2, 4), [7], REORDERED, None),
     ("ema_teacher_sample_clock", (2, 4), [6], MISMATCHED, None),  # counts before order: one call more
     ("cp_image_adapter_group", (2, 4), [6, 7], MISMATCHED, "cp"),  # an all_reduce on cp where its peers use tp
+    ("pp4_head_grad_global_src", (2, 4), [2, 6], MISMATCHED, None),  # a recv on the default group, not pp's
     pytest.param("barrier_skipped", (2, 2), [1], LEFT, None, marks=SLOW),
     pytest.param("broadcast_object_one_rank", (2, 2), [0], MISMATCHED, None, marks=SLOW),
     pytest.param("busy_loop", (2, 2), [1], STRAGGLER, None, marks=SLOW),
@@ -110,7 +111,7 @@ HELD_OUT = {"tp_throughput_logging", "pair_loader_broadcast", "interleaved_pp_ev
             "hier_embed_sync", "pp_recompute_peer", "ring_attn_prev_wrap", "bcast_pair_encdec",
             "dtensor_3d_packed_doc_norm", "frozen_stage_grad_passthrough", "pp_crosshost_tp0_relay",
             "negqueue_skip_and_reset", "rm_dup_chunk_count_group", "pp_uneven_layers_last_stage",
-            "ema_teacher_sample_clock", "cp_image_adapter_group"}
+            "ema_teacher_sample_clock", "cp_image_adapter_group", "pp4_head_grad_global_src"}
 
 
 def _deadline(script: str) -> float:

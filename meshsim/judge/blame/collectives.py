@@ -14,7 +14,7 @@ from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
 from .siblings import added_alone, added_not_skipped, added_off_the_path, by_siblings, ended_without, on_another_group
-from .tags import tag_causes
+from .tags import off_group_channels, tag_causes
 
 
 def collectives_blame(states: list[RankState], held: dict[int, CallBegun], divergent: set[int],
@@ -46,6 +46,8 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
     causes = _counts_refute(states, ref, held, causes)
     if not causes and upstream:  # a send and a recv between the same ranks under different tags wait for each other
         causes.update(tag_causes(states, held))
+    if not causes and upstream:  # or on different process groups: a helper's call without the pipeline's group
+        causes.update(off_group_channels(states, held))
     if not causes and upstream:  # counts before order: one call more than the siblings made, at a line of its own
         causes.update(added_alone(states, ref, held))
     in_cycle: dict[int, Cause] = {}

@@ -19,7 +19,7 @@ from ...core.record import RankState
 from ...core.wire import CallBegun, channel_ends
 from .calls import Cause, between, reached_only_by, site_text
 from .parts import StateOrder
-from .pipelines import lone_channels, mispaired, off_the_common_turn
+from .pipelines import lone_channels, mispaired, off_the_common_turn, one_more_on_a_link
 
 PARTS = ("dim", "siblings")  # the parts several groups play (meshsim.judge.blame.parts.roles_of)
 
@@ -57,7 +57,7 @@ def off_pattern(states: list[RankState], order: StateOrder, held: dict[int, Call
     return lone_channels(states, held) or silent_links(states, held, members) or \
         odd_link_order(states, held, members) or \
         crossed_pair(states, held, members) or mispaired(states, held, members) or \
-        off_the_common_turn(states, held, order) or \
+        one_more_on_a_link(states, held, members, order) or off_the_common_turn(states, held, order) or \
         _odd_stages(held, cycle, {r: _peer(r, held[r].group, members) for r in cycle if r in held})
 
 
@@ -312,7 +312,8 @@ def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[in
                      reverse=True)
         counts = Counter(n for n, _ in top)
         mine = shape(r, call.group)
-        if not top or counts[top[0][0]] > 1 or top[0][0] < 2 or top[0][1] == mine:
+        if not top or counts[top[0][0]] > 1 or top[0][0] < 2 or top[0][1] == mine or \
+                _no_such_place(states[r], top[0][1]):
             continue
         usual, others = top[0][1], sorted(seen[top[0][1]])
         text = (f"rank {r} waits in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
@@ -327,6 +328,12 @@ def _odd_ones(states: list[RankState], held: dict[int, CallBegun], cycle: set[in
         else:  # another peer: a stage of a cycle
             found[r] = Cause(r, KINDS["reordered"], text, call.group, call.seq)
     return found
+
+
+def _no_such_place(state: RankState, usual: Any) -> bool:
+    """Whether the rank is a member of fewer groups than the place its siblings call at (a first stage's one
+    link is its first group, where the middle stages' upstream link is their second): not a departure."""
+    return bool(usual[0] == "nth" and usual[1] > max(state.group_index.values(), default=0))
 
 
 def _waited_on(states: list[RankState], held: dict[int, CallBegun], r: int, wanted: set[str]) -> CallBegun | None:

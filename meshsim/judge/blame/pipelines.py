@@ -163,3 +163,35 @@ def _usual(pairs: Counter[tuple[Any, Any]], lines: tuple[Any, Any], side: int) -
 
 def _other(ranks: tuple[int, int], r: int) -> int:
     return ranks[1] if ranks[0] == r else ranks[0]
+
+
+def one_more_on_a_link(states: list[RankState], held: dict[int, CallBegun],
+                       members: dict[str, tuple[int, ...]], order: StateOrder) -> dict[int, Cause]:
+    """A rank held on a link (a group of two no mesh dim made) in a call its partner never made, the partner gone
+    on to a call elsewhere, where the rank made one call more on the link than the partner, and on the links
+    between ranks as far apart that no rank waits on, each member made as many as this partner: it added a call (a
+    stage that sends its gradient on its downstream link, where its partner had received from it and sent its
+    own)."""
+    pairs = {g: ranks for g, ranks in members.items() if len(ranks) == 2 and order.roles.get(g) is None}
+    waited = {c.group for c in held.values()}
+    done: dict[int, Counter[int]] = {}  # how far apart the two are -> how many calls each member made
+    for g, ranks in pairs.items():
+        counts = [states[m].calls_on.get(g, 0) for m in ranks if m < len(states)]
+        if g not in waited and len(counts) == 2 and all(counts):
+            done.setdefault(abs(ranks[1] - ranks[0]), Counter()).update(counts)
+    found: dict[int, Cause] = {}
+    for r, call in sorted(held.items()):
+        if call.group not in pairs or call.seq is None or not done.get(abs(call.ranks[1] - call.ranks[0])):
+            continue
+        usual = done[abs(call.ranks[1] - call.ranks[0])].most_common(1)[0][0]
+        p = _other(pairs[call.group], r)
+        theirs = held.get(p)
+        if theirs is None or theirs.group == call.group or states[p].calls_on.get(call.group, 0) != usual \
+                or states[r].calls_on.get(call.group, 0) != usual + 1:
+            continue
+        found[r] = Cause(r, KINDS["mismatched"], (
+            f"rank {r} added a call on its pair {group_text(call.ranks)}: {call.kind} #{call.seq} at "
+            f"{site_text(call.site)}, one call more than its partner {p} made there before it went on to "
+            f"{theirs.kind} #{theirs.seq} on group {group_text(theirs.ranks)}; on the pairs no rank waits on, each "
+            f"member made as many calls as rank {p}"), call.group, call.seq)
+    return found

@@ -1,18 +1,23 @@
-"""Sends and receives that wait for each other under different tags.
+"""Sends and receives that cannot pair: under different tags, or on different process groups.
 
 gloo pairs a send with the receive of the same tag from the same peer (NCCL ignores tags; meshsim's simulated GPUs
 do too), so a send and a receive between the same two ranks, in the same direction, whose tags differ both wait:
 each is the call the other waits for, and neither completes. Which side holds the wrong tag: the one whose tag
 already carried a message between the two ranks (a backward send reusing the forward tags), where only one does;
 else the evidence cannot decide and both are candidates.
+
+A send or receive pairs only on its own process group, too. A rank that waits in one on a group its earlier sends
+and receives were not on, at a line no rank but those held with it reached, while a peer waits to exchange with it
+on the group it used before, made that call on the wrong group (a helper that passes a global `src` and no `group`).
 """
 
 from __future__ import annotations
 
 from ...core.outcome import KINDS
+from ...core.ranks import ranks_text
 from ...core.record import RankState
 from ...core.wire import RECVS, SENDS, CallBegun, channel_ends, channel_group
-from .calls import Cause, site_text
+from .calls import Cause, reached_only_by, site_text
 
 
 def tag_causes(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
@@ -55,3 +60,33 @@ def _used_before(state: RankState, a: int, b: int, tag: int, held: CallBegun) ->
         if group != held.group or seq < held.seq:
             return True
     return False
+
+
+def off_group_channels(states: list[RankState], held: dict[int, CallBegun]) -> dict[int, Cause]:
+    """Ranks held in a send or receive on another process group than their earlier sends and receives, at a line
+    of their own, while a peer waits to exchange with them on that earlier group."""
+    found: dict[int, Cause] = {}
+    for r, call in sorted(held.items()):
+        ends = channel_ends(call.group)
+        if ends is None or call.site is None:
+            continue
+        group = channel_group(call.group)
+        used = {channel_group(g) for g, _ in states[r].call_log if channel_ends(g) is not None} - {group}
+        mine = [g for g, q in states[r].call_log if channel_group(g) == group and (g, q) != (call.group, call.seq)]
+        peer = ends[0] if call.kind in RECVS else ends[1]
+        # (the peer of this very call first: the head that waits to send to the stage whose receive is elsewhere)
+        waiting = sorted(((p, c) for p, c in held.items() if p != r and channel_group(c.group) in used
+                          and r in (channel_ends(c.group) or (None, None))[:2]), key=lambda pc: (pc[0] != peer, pc[0]))
+        there = {p for p, c in held.items() if c.site == call.site}
+        if mine or not waiting or not reached_only_by(states, call.site, there):
+            continue
+        p, theirs = waiting[0]
+        way = "receives from" if call.kind in RECVS else "sends to"
+        where = f" (mesh dim {theirs.context[1]!r})" if theirs.context and len(theirs.context) > 1 else ""
+        towards = "send to" if theirs.kind in SENDS else "receive from"
+        found[r] = Cause(r, KINDS["mismatched"], (
+            f"rank {r} {way} rank {peer} on process group {group} at {site_text(call.site)}, a line no rank but "
+            f"{ranks_text(sorted(there))} reached, where its earlier sends and receives were on group "
+            f"{channel_group(theirs.group)}{where}: rank {p} waits to {towards} it there, and a send pairs with a "
+            "receive on its own group only"), call.group, call.seq)
+    return found

@@ -111,6 +111,10 @@ CASES = {
     # stages' upstream link is their second): stage 5's own helper sends its gradient on its downstream link, one
     # call more there than its partner 6 made before it went on to the world all_reduce
     "bcast_pipe8_xattn_grad_link": ([5], MISMATCH),
+    # held back (holdout22), wrong when measured (named 1-7): a two-way pipeline on broadcast links, the reverse
+    # pipeline's first stage (rank 7) roots its send at the link's lower rank; its author's key says 7, but the dumps
+    # record no root, and 6 and 7 call at lines that paired and completed on link [0, 1]: candidates, not culprits
+    "bcast_dualpipe8_reverse_first_stage_src": ([], UNKNOWN),
     # gloo records no send/recv: the ranks held in one are candidates, not culprits, and the report says so
     "p2p_pipeline_skipped_send": ([], UNKNOWN),
 }
@@ -157,6 +161,12 @@ def test_a_send_recv_pipeline_on_gloo_says_what_the_dumps_cannot_show_and_whose_
     assert "records no send or recv" in analysis.summary and "stacks of ranks 6-7" in analysis.summary
     # the op_ids show rank 5 made one unrecorded call fewer than its dp partner 1 before the barrier
     assert any("group 2 [1, 5]" in note and "rank 1 4, rank 5 3" in note for note in analysis.notes)
+
+
+def test_a_broadcast_every_member_joined_that_never_completed_names_its_members_as_candidates_not_the_ranks_behind():
+    analysis = analyze(incident("bcast_dualpipe8_reverse_first_stage_src"))
+    assert analysis.culprits == [] and [c.rank for c in analysis.candidates] == [6, 7]
+    assert all("disagree on its root" in c.text for c in analysis.candidates)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

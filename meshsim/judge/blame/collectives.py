@@ -8,8 +8,8 @@ from typing import Any
 from ...core.outcome import KINDS
 from ...core.ranks import group_text, ranks_text
 from ...core.record import RankState
-from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, SENDS, STUCK, CallBegun, channel_group
-from .calls import Blame, Cause, blocked_call, held_in, members_of, own_line, site_text
+from ...core.wire import FINISHED, POINT_TO_POINT, RAISED, RECVS, ROOTED, SENDS, STUCK, CallBegun, channel_group
+from .calls import Blame, Cause, blocked_call, held_in, members_of, missing_from, own_line, site_text
 from .cycles import cycle_causes
 from .images import image_causes
 from .parts import Reference, StateOrder
@@ -82,7 +82,31 @@ def collectives_blame(states: list[RankState], held: dict[int, CallBegun], diver
                      and not set(held[r].ranks) & set(added) and _skipped_here(states, held, r)}, **added}
     else:
         causes = _behind_a_culprit(causes, in_cycle, held)
-    return _blamed(states, held, _knocked_off(states, causes), unseen)
+    return _blamed(states, held, _within_a_joined_call(states, held, _knocked_off(states, causes)), unseen)
+
+
+def _within_a_joined_call(states: list[RankState], held: dict[int, CallBegun], causes: dict[int, Cause]
+                          ) -> dict[int, Cause]:
+    """Where every member of a rooted call is in it, with no root the record shows (a Flight Recorder dump's
+    broadcast), and it never completed, the members disagree on its root (two receivers, or two roots): every other
+    wait ends there, so the culprit is one of them. Culprits named elsewhere give way to its members as candidates,
+    each with its line, since nothing recorded tells which of them named the wrong root."""
+    joined = {(c.group, c.seq): c for c in held.values()
+              if c.kind in ROOTED and c.root is None and not missing_from(c, states) and len(c.ranks) > 1}
+    members = {m for c in joined.values() for m in c.ranks}
+    decided = {r for r, c in causes.items() if not c.candidate}
+    if not joined or (decided and decided <= members):
+        return causes
+    found = {}
+    for call in joined.values():
+        for m in call.ranks:
+            others = [o for o in call.ranks if o != m]
+            found[m] = Cause(m, KINDS["unknown"], (
+                f"rank {m} is in {call.kind} #{call.seq} on group {group_text(call.ranks)} at "
+                f"{site_text(held[m].site)}, with rank{'s' if len(others) > 1 else ''} {ranks_text(others)}: every "
+                "member joined it and it never completed, so they disagree on its root (two receivers, or two "
+                "roots), which the record does not show"), call.group, call.seq, candidate=True)
+    return found
 
 
 def _skipped_here(states: list[RankState], held: dict[int, CallBegun], r: int) -> bool:

@@ -115,6 +115,9 @@ CASES = {
     # pipeline's first stage (rank 7) roots its send at the link's lower rank; its author's key says 7, but the dumps
     # record no root, and 6 and 7 call at lines that paired and completed on link [0, 1]: candidates, not culprits
     "bcast_dualpipe8_reverse_first_stage_src": ([], UNKNOWN),
+    # held out (holdout21, right blind): rank 3 takes the step's calls on two process groups of the same pair in the
+    # other order; the cause names each group, since both read [2, 3]
+    "tp_pair_overlap_group_reorder": ([3], SKIPPED),
     # gloo records no send/recv: the ranks held in one are candidates, not culprits, and the report says so
     "p2p_pipeline_skipped_send": ([], UNKNOWN),
 }
@@ -167,6 +170,12 @@ def test_a_broadcast_every_member_joined_that_never_completed_names_its_members_
     analysis = analyze(incident("bcast_dualpipe8_reverse_first_stage_src"))
     assert analysis.culprits == [] and [c.rank for c in analysis.candidates] == [6, 7]
     assert all("disagree on its root" in c.text for c in analysis.candidates)
+
+
+def test_a_skip_between_two_groups_of_the_same_members_names_each_process_group():
+    analysis = analyze(incident("tp_pair_overlap_group_reorder"))
+    assert "on group [2, 3] (process group 4): it went on to all_reduce #2 on group [2, 3] (process group 8)" in \
+        analysis.summary, analysis.summary
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

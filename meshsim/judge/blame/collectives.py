@@ -402,8 +402,11 @@ def _why_missing(states: list[RankState], order: StateOrder, call: CallBegun, m:
         text = f"rank {m} {state.where} after {count} calls on group {group_text(call.ranks)}, where its peers wait"
         return Cause(m, KINDS["left"], text, call.group, count)
     if order.precedes(wanted, order.key(held.group, held.seq)):
-        text = (f"rank {m} skipped {missed}: it went on to {held.kind} #{held.seq} on group {group_text(held.ranks)}, "
-                "which the others make after it, and waits there")
+        went = f"{held.kind} #{held.seq} on group {group_text(held.ranks)}"
+        mine, theirs = channel_group(call.group), channel_group(held.group)
+        if tuple(held.ranks) == tuple(call.ranks) and mine != theirs:  # two process groups of the same members
+            missed, went = f"{missed} (process group {mine})", f"{went} (process group {theirs})"
+        text = f"rank {m} skipped {missed}: it went on to {went}, which the others make after it, and waits there"
         return Cause(m, KINDS["skipped"], text, call.group, count)
     return None
 

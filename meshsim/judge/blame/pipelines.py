@@ -181,10 +181,11 @@ def one_more_on_a_link(states: list[RankState], held: dict[int, CallBegun],
             done.setdefault(abs(ranks[1] - ranks[0]), Counter()).update(counts)
     found: dict[int, Cause] = {}
     for r, call in sorted(held.items()):
-        if call.group not in pairs or call.seq is None or not done.get(abs(call.ranks[1] - call.ranks[0])):
+        link = pairs.get(call.group)
+        if link is None or call.seq is None or not done.get(abs(link[1] - link[0])):
             continue
-        usual = done[abs(call.ranks[1] - call.ranks[0])].most_common(1)[0][0]
-        p = _other(pairs[call.group], r)
+        usual = done[abs(link[1] - link[0])].most_common(1)[0][0]
+        p = _other(link, r)
         theirs = held.get(p)
         if theirs is None or theirs.group == call.group or states[p].calls_on.get(call.group, 0) != usual \
                 or states[r].calls_on.get(call.group, 0) != usual + 1:

@@ -72,7 +72,8 @@ def off_group_channels(states: list[RankState], held: dict[int, CallBegun]) -> d
             continue
         group = channel_group(call.group)
         used = {channel_group(g) for g, _ in states[r].call_log if channel_ends(g) is not None} - {group}
-        mine = [g for g, q in states[r].call_log if channel_group(g) == group and (g, q) != (call.group, call.seq)]
+        mine = [g for g, q in states[r].call_log if channel_ends(g) is not None and channel_group(g) == group
+                and (g, q) != (call.group, call.seq)]
         peer = ends[0] if call.kind in RECVS else ends[1]
         # (the peer of this very call first: the head that waits to send to the stage whose receive is elsewhere)
         waiting = sorted(((p, c) for p, c in held.items() if p != r and channel_group(c.group) in used

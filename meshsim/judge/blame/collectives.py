@@ -91,8 +91,9 @@ def _within_a_joined_call(states: list[RankState], held: dict[int, CallBegun], c
     broadcast), and it never completed, the members disagree on its root (two receivers, or two roots): every other
     wait ends there, so the culprit is one of them. Culprits named elsewhere give way to its members as candidates,
     each with its line, since nothing recorded tells which of them named the wrong root."""
-    joined = {(c.group, c.seq): c for c in held.values()
-              if c.kind in ROOTED and c.root is None and not missing_from(c, states) and len(c.ranks) > 1}
+    rooted = {(c.group, c.seq): c for c in held.values() if c.kind in ROOTED and c.root is None and len(c.ranks) > 1}
+    # (each call once: every rank held in a world broadcast asks the same question of all its members)
+    joined = {key: c for key, c in rooted.items() if not missing_from(c, states)}
     members = {m for c in joined.values() for m in c.ranks}
     decided = {r for r, c in causes.items() if not c.candidate}
     if not joined or (decided and decided <= members):
